@@ -1,0 +1,68 @@
+-- tollgate: GitHub-style fixed window over one or more quotas, all-or-nothing.
+-- Mirrors src/strategy/fixed_window.rs; change both together.
+--
+-- The window's end (reset-at) is stored beside the counter and read back, so
+-- it never wobbles between requests. A stored end that is not after `now`
+-- counts as an empty window, expired or not (replicas do not expire keys).
+-- Keys expire one second after their window ends; expiry only cleans up.
+--
+-- KEYS[i]      hash for quota i: c = units spent, r = window end (µs since epoch)
+-- ARGV[1]      now, µs since epoch; -1 reads Redis TIME (one clock for all app servers)
+-- ARGV[2]      cost in units; 0 looks without writing (the peek reuses this script)
+-- ARGV[1+2i]   quota i's limit, in units
+-- ARGV[2+2i]   quota i's window, in µs
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used, reset_at µs, retry_after µs or -1, now µs,
+--    reported quota (0-based), window end of quota 1 .. n (refund stamps)}
+
+local function int(x) return string.format('%.0f', x) end
+
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+local n = #KEYS
+
+local count, reset, limit = {}, {}, {}
+for i = 1, n do
+  limit[i] = tonumber(ARGV[1 + 2 * i])
+  local stored = redis.call('HMGET', KEYS[i], 'c', 'r')
+  local c, r = tonumber(stored[1]), tonumber(stored[2])
+  if c and r and r > now then
+    count[i], reset[i] = c, r
+  else
+    count[i], reset[i] = 0, now + tonumber(ARGV[2 + 2 * i])
+  end
+end
+
+-- The rejecting quota that frees up last decides Retry-After.
+local rejected = nil
+for i = 1, n do
+  if count[i] + cost > limit[i] then
+    if rejected == nil or reset[i] > reset[rejected] then rejected = i end
+  end
+end
+if rejected then
+  local i = rejected
+  return {0, limit[i], math.min(count[i], limit[i]), reset[i], reset[i] - now, now, i - 1}
+end
+
+if cost > 0 then
+  for i = 1, n do
+    count[i] = count[i] + cost
+    redis.call('HSET', KEYS[i], 'c', int(count[i]), 'r', int(reset[i]))
+    redis.call('PEXPIRE', KEYS[i], int(math.ceil((reset[i] - now) / 1000) + 1000))
+  end
+end
+
+-- When all fit, report the quota with the least left.
+local report = 1
+for i = 2, n do
+  if limit[i] - count[i] < limit[report] - count[report] then report = i end
+end
+local reply = {1, limit[report], count[report], reset[report], -1, now, report - 1}
+for i = 1, n do reply[7 + i] = reset[i] end
+return reply

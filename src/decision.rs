@@ -1,0 +1,158 @@
+//! What a store answers: allowed or not, and the numbers for the headers.
+
+use std::time::Duration;
+
+/// A store's answer for one request. Headers are built from this alone, so a
+/// rejection's headers always come from the call that decided it.
+///
+/// Times are in the store's clock (Redis `TIME` by default), in microseconds
+/// since the Unix epoch; durations are measured from `now_micros`, so a client
+/// is never told to wait by a clock that disagrees with the one that decided.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::Decision;
+///
+/// let d = Decision::rejected(5, 5, 10_500_000, 1_000_000, 9_500_000);
+/// assert_eq!(d.remaining, 0);
+/// assert_eq!(d.reset_epoch_secs(), 11); // rounded up
+/// assert_eq!(d.retry_after_secs(), Some(10)); // rounded up, never 0
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Whether the request may proceed.
+    pub allowed: bool,
+    /// The reported quota's limit (`X-RateLimit-Limit`).
+    pub limit: u64,
+    /// Units left in the reported quota (`X-RateLimit-Remaining`).
+    pub remaining: u64,
+    /// Units spent in the reported quota (`X-RateLimit-Used`).
+    pub used: u64,
+    /// When the reported quota frees up, µs since the epoch (`X-RateLimit-Reset`).
+    pub reset_at_micros: u64,
+    /// The store's time when it decided, µs since the epoch.
+    pub now_micros: u64,
+    /// How long to wait before retrying; set on rejections.
+    pub retry_after: Option<Duration>,
+    /// Which of the policy's quotas the numbers describe (0-based).
+    pub quota: usize,
+    /// What to give back if the response turns out to be free.
+    pub receipt: Receipt,
+}
+
+impl Decision {
+    /// A pass with `used` of `limit` spent.
+    pub fn allowed(limit: u64, used: u64, reset_at_micros: u64, now_micros: u64) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining: limit.saturating_sub(used),
+            used,
+            reset_at_micros,
+            now_micros,
+            retry_after: None,
+            quota: 0,
+            receipt: Receipt::default(),
+        }
+    }
+
+    /// A rejection; `retry_after_micros` is how long until a retry can pass.
+    pub fn rejected(
+        limit: u64,
+        used: u64,
+        reset_at_micros: u64,
+        now_micros: u64,
+        retry_after_micros: u64,
+    ) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining: 0,
+            used,
+            reset_at_micros,
+            now_micros,
+            retry_after: Some(Duration::from_micros(retry_after_micros)),
+            quota: 0,
+            receipt: Receipt::default(),
+        }
+    }
+
+    /// Says which quota (0-based) these numbers describe.
+    pub fn reporting(mut self, quota: usize) -> Self {
+        self.quota = quota;
+        self
+    }
+
+    /// Attaches what a refund would give back.
+    pub fn with_receipt(mut self, receipt: Receipt) -> Self {
+        self.receipt = receipt;
+        self
+    }
+
+    /// `X-RateLimit-Reset`: the reset time in whole epoch seconds, rounded up
+    /// so that a client waiting until then is never early.
+    pub fn reset_epoch_secs(&self) -> u64 {
+        self.reset_at_micros.div_ceil(1_000_000)
+    }
+
+    /// Time from the decision until reset.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_micros(self.reset_at_micros.saturating_sub(self.now_micros))
+    }
+
+    /// `Retry-After` in whole seconds: rounded up, never 0.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after
+            .map(|d| (d.as_micros() as u64).div_ceil(1_000_000).max(1))
+    }
+
+    /// The decision after a refund of `cost` units was applied.
+    pub(crate) fn refunded(mut self, cost: u64) -> Self {
+        let back = cost.min(self.used);
+        self.used -= back;
+        self.remaining = self.limit.saturating_sub(self.used);
+        self.receipt.cost = 0;
+        self
+    }
+}
+
+/// What a pass charged, so that exactly that can be given back.
+///
+/// `stamps` identify *which* window, slot or entry was charged (for a fixed
+/// window, the window's stored end), so a refund that arrives after the
+/// window rolled over changes nothing.
+///
+/// ```
+/// use tollgate::Receipt;
+/// let r = Receipt::new(1, vec![10_000_000]);
+/// assert_eq!(r.cost(), 1);
+/// assert!(!r.is_empty());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Receipt {
+    pub(crate) cost: u64,
+    pub(crate) stamps: Vec<u64>,
+}
+
+impl Receipt {
+    /// A receipt for `cost` units charged to the entries named by `stamps`.
+    pub fn new(cost: u64, stamps: Vec<u64>) -> Self {
+        Self { cost, stamps }
+    }
+
+    /// Units charged.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// Per-quota identities of what was charged.
+    pub fn stamps(&self) -> &[u64] {
+        &self.stamps
+    }
+
+    /// Nothing to give back.
+    pub fn is_empty(&self) -> bool {
+        self.cost == 0
+    }
+}

@@ -1,0 +1,339 @@
+//! Client addresses: the TCP peer, or the client behind trusted proxies.
+//!
+//! **Spoofing.** `X-Forwarded-For` and `Forwarded` are written by whoever sent
+//! the request. [`ForwardedIp`] believes them only when the TCP peer is one of
+//! your proxies, and then takes the rightmost hop that is *not* a trusted
+//! proxy: the address your outermost proxy actually saw. Everything to the
+//! left of it was written by the client and is ignored.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use axum::extract::ConnectInfo;
+use http::request::Parts;
+use ipnet::IpNet;
+
+use super::{Key, KeyExtractor};
+use crate::error::{ConfigError, KeyError};
+
+const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+/// Keys by the TCP peer's address, from axum's `ConnectInfo<SocketAddr>`.
+///
+/// Serve with `into_make_service_with_connect_info::<SocketAddr>()` (tests:
+/// `MockConnectInfo`). IPv6 callers are grouped by prefix (default `/64`, one
+/// customer's usual allocation), so rotating through a subnet does not buy
+/// fresh budgets; IPv4-mapped IPv6 addresses count as IPv4.
+///
+/// Behind a reverse proxy every request has the proxy's address: use
+/// [`ForwardedIp`] there.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use axum::{extract::ConnectInfo, http::Request};
+/// use tollgate::{KeyExtractor, PeerIp};
+///
+/// let mut req = Request::get("/").body(()).unwrap();
+/// req.extensions_mut().insert(ConnectInfo("[2001:db8:1:2:3:4:5:6]:443".parse::<SocketAddr>().unwrap()));
+/// let (parts, ()) = req.into_parts();
+/// assert_eq!(PeerIp::new().extract(&parts).unwrap().as_str(), "ip:2001:db8:1:2::/64");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PeerIp {
+    /// Peer address, IPv6 grouped by `/64`.
+    pub fn new() -> Self {
+        Self {
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
+    }
+
+    /// Groups IPv6 peers by `/bits` instead (1 to 128; 128 keys each address).
+    pub fn ipv6_prefix(self, bits: u8) -> Result<Self, ConfigError> {
+        Ok(Self {
+            ipv6_prefix: check_prefix(bits)?,
+        })
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        Ok(ip_key(peer(parts)?, self.ipv6_prefix))
+    }
+}
+
+/// Which header carries the proxy chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for="[2001:db8::1]:4711"`.
+    Forwarded,
+}
+
+/// Keys by the client address behind trusted reverse proxies.
+///
+/// The forwarding header is read only when the TCP peer is inside one of the
+/// `trusted` networks; from any other peer it is ignored and the peer address
+/// is the key. Through trusted peers, hops are read right to left, skipping
+/// trusted proxies, and the first untrusted hop is the client. A hop that is
+/// not an address (`for=unknown`, an obfuscated identifier) is a
+/// [`KeyError`]; chain `.or(PeerIp::new())` to fall back instead.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use axum::{extract::ConnectInfo, http::Request};
+/// use tollgate::{ForwardedIp, KeyExtractor};
+///
+/// let key = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+/// let mut req = Request::get("/")
+///     .header("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.0.0.2")
+///     .body(()).unwrap();
+/// req.extensions_mut().insert(ConnectInfo("10.0.0.1:5000".parse::<SocketAddr>().unwrap()));
+/// let (parts, ()) = req.into_parts();
+/// // 6.6.6.6 was written by the client itself; 203.0.113.9 is who our proxy saw.
+/// assert_eq!(key.extract(&parts).unwrap().as_str(), "ip:203.0.113.9");
+/// ```
+#[derive(Debug, Clone)]
+pub struct ForwardedIp {
+    trusted: Vec<IpNet>,
+    header: ForwardedHeader,
+    ipv6_prefix: u8,
+}
+
+impl ForwardedIp {
+    /// Trusts proxies in these networks (`"10.0.0.0/8"`, `"::1/128"`, or a
+    /// bare address for one host).
+    pub fn trusting<I, S>(networks: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let trusted = networks
+            .into_iter()
+            .map(|s| {
+                let s = s.as_ref().trim();
+                s.parse::<IpNet>()
+                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| {
+                        ConfigError::new(format!("{s:?} is not a network (CIDR) or address"))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            trusted,
+            header: ForwardedHeader::default(),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        })
+    }
+
+    /// Reads this header instead of `X-Forwarded-For`.
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Groups IPv6 clients by `/bits` instead of `/64`.
+    pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
+        self.ipv6_prefix = check_prefix(bits)?;
+        Ok(self)
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client address: the rightmost hop that is not a trusted proxy.
+    fn client(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
+        let peer = peer(parts)?;
+        if !self.is_trusted(peer) {
+            return Ok(peer);
+        }
+        let (name, what) = match self.header {
+            ForwardedHeader::XForwardedFor => ("x-forwarded-for", "X-Forwarded-For hop"),
+            ForwardedHeader::Forwarded => ("forwarded", "Forwarded for= hop"),
+        };
+        let mut hops = Vec::new();
+        for value in parts.headers.get_all(name) {
+            let value = value.to_str().map_err(|_| KeyError::Invalid(what))?;
+            for element in value.split(',') {
+                hops.push(match self.header {
+                    ForwardedHeader::XForwardedFor => Some(element.trim()),
+                    ForwardedHeader::Forwarded => forwarded_for(element),
+                });
+            }
+        }
+        let mut client = peer;
+        for hop in hops.into_iter().rev() {
+            let ip = hop.and_then(parse_hop).ok_or(KeyError::Invalid(what))?;
+            client = ip;
+            if !self.is_trusted(ip) {
+                break;
+            }
+        }
+        Ok(client)
+    }
+}
+
+impl KeyExtractor for ForwardedIp {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        Ok(ip_key(self.client(parts)?, self.ipv6_prefix))
+    }
+}
+
+fn check_prefix(bits: u8) -> Result<u8, ConfigError> {
+    if (1..=128).contains(&bits) {
+        Ok(bits)
+    } else {
+        Err(ConfigError::new(format!(
+            "IPv6 prefix must be 1 to 128 bits, got {bits}"
+        )))
+    }
+}
+
+fn peer(parts: &Parts) -> Result<IpAddr, KeyError> {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip())
+        .ok_or(KeyError::Missing(
+            "peer address (serve with into_make_service_with_connect_info)",
+        ))
+}
+
+/// The `for=` value of one RFC 7239 element, unquoted.
+fn forwarded_for(element: &str) -> Option<&str> {
+    element.split(';').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("for")
+            .then(|| v.trim().trim_matches('"'))
+    })
+}
+
+/// An address with or without port: `1.2.3.4`, `1.2.3.4:80`, `::1`, `[::1]:80`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = hop.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    hop.strip_prefix('[')
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|inner| inner.parse().ok())
+}
+
+fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => Key::trusted(format!("ip:{v4}")),
+        IpAddr::V6(v6) if ipv6_prefix >= 128 => Key::trusted(format!("ip:{v6}")),
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX << (128 - u32::from(ipv6_prefix));
+            let net = Ipv6Addr::from(u128::from(v6) & mask);
+            Key::trusted(format!("ip:{net}/{ipv6_prefix}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(peer: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = Request::get("/");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let mut req = b.body(()).unwrap();
+        req.extensions_mut()
+            .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+        req.into_parts().0
+    }
+
+    fn key(x: &impl KeyExtractor, p: &Parts) -> String {
+        x.extract(p).unwrap().as_str().to_owned()
+    }
+
+    #[test]
+    fn spoofed_forwarded_for_from_untrusted_peer_is_ignored() {
+        let x = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+        let p = parts("198.51.100.7:1", &[("x-forwarded-for", "1.1.1.1")]);
+        assert_eq!(key(&x, &p), "ip:198.51.100.7");
+    }
+
+    #[test]
+    fn rightmost_untrusted_hop_wins_across_repeated_headers() {
+        let x = ForwardedIp::trusting(["10.0.0.0/8", "192.168.0.0/16"]).unwrap();
+        let p = parts(
+            "10.0.0.1:1",
+            &[
+                ("x-forwarded-for", "9.9.9.9, 203.0.113.5"),
+                ("x-forwarded-for", "192.168.1.1"),
+            ],
+        );
+        assert_eq!(key(&x, &p), "ip:203.0.113.5");
+    }
+
+    #[test]
+    fn rfc7239_forwarded_with_quoted_ipv6_and_port() {
+        let x = ForwardedIp::trusting(["::1"])
+            .unwrap()
+            .header(ForwardedHeader::Forwarded);
+        let p = parts(
+            "[::1]:1",
+            &[(
+                "forwarded",
+                r#"for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https"#,
+            )],
+        );
+        assert_eq!(key(&x, &p), "ip:2001:db8:cafe::/64");
+    }
+
+    #[test]
+    fn garbage_hop_is_a_key_error_not_a_panic() {
+        let x = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+        let p = parts("10.0.0.1:1", &[("x-forwarded-for", "not-an-ip")]);
+        assert!(x.extract(&p).is_err());
+        let p = parts("10.0.0.1:1", &[("x-forwarded-for", "")]);
+        assert!(x.extract(&p).is_err());
+    }
+
+    #[test]
+    fn only_trusted_hops_means_the_leftmost_one() {
+        let x = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+        let p = parts("10.0.0.1:1", &[("x-forwarded-for", "10.1.1.1, 10.2.2.2")]);
+        assert_eq!(key(&x, &p), "ip:10.1.1.1");
+        let p = parts("10.0.0.1:1", &[]);
+        assert_eq!(key(&x, &p), "ip:10.0.0.1");
+    }
+
+    #[test]
+    fn ipv6_prefix_groups_and_mapped_ipv4_unwraps() {
+        let p = parts("[2001:db8:1:2:ffff::1]:1", &[]);
+        assert_eq!(
+            key(&PeerIp::new().ipv6_prefix(48).unwrap(), &p),
+            "ip:2001:db8:1::/48"
+        );
+        let p = parts("[::ffff:192.0.2.1]:1", &[]);
+        assert_eq!(key(&PeerIp::new(), &p), "ip:192.0.2.1");
+        assert!(PeerIp::new().ipv6_prefix(0).is_err());
+        assert!(ForwardedIp::trusting(["nope"]).is_err());
+    }
+}

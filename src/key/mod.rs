@@ -1,0 +1,209 @@
+//! Who is calling: turning a request into the key its budget is kept under.
+//!
+//! Keys are escaped when built, so no caller can pick another caller's key or
+//! steer a Redis Cluster slot with `{hash tags}` of its own.
+
+mod header;
+mod ip;
+mod route;
+
+pub use header::HeaderKey;
+pub use ip::{ForwardedHeader, ForwardedIp, PeerIp};
+pub use route::RouteKey;
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+
+use crate::error::KeyError;
+
+/// Longer keys are replaced by their hash, bounding the store's memory per key.
+const MAX_KEY_LEN: usize = 128;
+
+/// A caller's identity as the store sees it.
+///
+/// Built with [`Key::new`], which escapes `%`, `{`, `}`, `|` and control
+/// characters, so that user input can neither carry a Redis Cluster hash tag
+/// nor forge the `|` that [`Key::join`] puts between parts. Very long input is
+/// replaced by its SHA-256.
+///
+/// ```
+/// use tollgate::Key;
+///
+/// assert_eq!(Key::new("bob").as_str(), "bob");
+/// assert_eq!(Key::new("{alice}").as_str(), "%7Balice%7D");
+/// assert_eq!(Key::new("a").join(&Key::new("b|c")).as_str(), "a|b%7Cc");
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key(Arc<str>);
+
+impl Key {
+    /// Escapes `raw` into a key.
+    pub fn new(raw: impl AsRef<str>) -> Self {
+        let raw = raw.as_ref();
+        let mut out = String::with_capacity(raw.len());
+        for c in raw.chars() {
+            match c {
+                '%' | '{' | '}' | '|' => out.push_str(&format!("%{:02X}", c as u32)),
+                c if c.is_control() => out.push_str(&format!("%{:02X}", c as u32 & 0xff)),
+                c => out.push(c),
+            }
+        }
+        if out.len() > MAX_KEY_LEN {
+            return Self(format!("sha256:{}", hex_digest(raw.as_bytes(), 32)).into());
+        }
+        Self(out.into())
+    }
+
+    /// `self` and `other` as one key, e.g. a route and a caller.
+    pub fn join(&self, other: &Key) -> Self {
+        Self(format!("{}|{}", self.0, other.0).into())
+    }
+
+    /// The escaped text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Builds from text already known to be safe (addresses, digests).
+    pub(crate) fn trusted(text: String) -> Self {
+        debug_assert!(!text.contains(['{', '}', '|']));
+        Self(text.into())
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Key").field(&&*self.0).finish()
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The first `hex_len` hex digits of SHA-256 over `bytes`.
+pub(crate) fn hex_digest(bytes: &[u8], hex_len: usize) -> String {
+    use std::fmt::Write;
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(hex_len);
+    for b in digest.iter().take(hex_len.div_ceil(2)) {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.truncate(hex_len);
+    out
+}
+
+/// Takes the key from a request's head. Closures implement it.
+///
+/// Extractors never panic on odd input: they answer [`KeyError`], and the
+/// layer turns that into its key-error response without asking the store.
+///
+/// ```
+/// use http::request::Parts;
+/// use tollgate::{Key, KeyError, KeyExtractor, HeaderKey, PeerIp};
+///
+/// // Any closure over the request head:
+/// let by_tenant = |parts: &Parts| {
+///     parts.headers.get("x-tenant")
+///         .and_then(|v| v.to_str().ok())
+///         .map(Key::new)
+///         .ok_or(KeyError::Missing("x-tenant header"))
+/// };
+/// // Combinators: an API key when present, else the peer address.
+/// let by_caller = HeaderKey::new("x-api-key").or(PeerIp::new());
+/// # fn takes(_: impl KeyExtractor) {}
+/// # takes(by_tenant); takes(by_caller);
+/// ```
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key for this request.
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError>;
+
+    /// Uses `fallback` when this extractor finds no key.
+    fn or<B: KeyExtractor>(self, fallback: B) -> Or<Self, B>
+    where
+        Self: Sized,
+    {
+        Or(self, fallback)
+    }
+
+    /// Keys by both parts, e.g. `RouteKey.and(PeerIp::new())`: one budget per
+    /// caller per route.
+    fn and<B: KeyExtractor>(self, other: B) -> And<Self, B>
+    where
+        Self: Sized,
+    {
+        And(self, other)
+    }
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Result<Key, KeyError> + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        self(parts)
+    }
+}
+
+impl KeyExtractor for Arc<dyn KeyExtractor> {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        (**self).extract(parts)
+    }
+}
+
+/// The first extractor's key, or the second's when the first has none.
+/// Built by [`KeyExtractor::or`].
+///
+/// ```
+/// use tollgate::{HeaderKey, KeyExtractor, PeerIp};
+/// let _ = HeaderKey::new("x-api-key").or(PeerIp::new());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Or<A, B>(A, B);
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        self.0.extract(parts).or_else(|_| self.1.extract(parts))
+    }
+}
+
+/// Both extractors' keys joined; fails when either fails.
+/// Built by [`KeyExtractor::and`].
+///
+/// ```
+/// use tollgate::{KeyExtractor, PeerIp, RouteKey};
+/// let _ = RouteKey.and(PeerIp::new());
+/// ```
+#[derive(Debug, Clone)]
+pub struct And<A, B>(A, B);
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
+    fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
+        Ok(self.0.extract(parts)?.join(&self.1.extract(parts)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_tags_and_separators_in_input_are_escaped() {
+        let k = Key::new("x}{evil}|y%");
+        assert!(!k.as_str().contains(['{', '}', '|']));
+        assert_ne!(Key::new("a|b"), Key::new("a").join(&Key::new("b")));
+        assert_ne!(Key::new("%7B"), Key::new("{"));
+    }
+
+    #[test]
+    fn long_input_is_hashed_to_a_bounded_key() {
+        let k = Key::new("x".repeat(10_000));
+        assert!(k.as_str().len() <= MAX_KEY_LEN);
+        assert_ne!(k, Key::new("x".repeat(10_001)));
+    }
+}

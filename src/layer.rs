@@ -1,0 +1,317 @@
+//! [`RateLimitLayer`] and its builder: configuration only, cheap to clone.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::StatusCode;
+use tower_layer::Layer;
+
+use crate::decision::Decision;
+use crate::error::{ConfigError, KeyError, StoreError};
+use crate::failure::FailurePolicy;
+use crate::headers::RateLimitHeaders;
+use crate::key::{KeyExtractor, PeerIp};
+use crate::limiter::Limiter;
+use crate::quota::Policy;
+use crate::service::RateLimit;
+use crate::store::{MemoryStore, Store};
+
+/// How long a decision may take before the failure policy applies.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(100);
+
+/// Applies a rate-limit [`Policy`] to every request of the wrapped service.
+///
+/// Works with `Router::layer`, `Router::route_layer` and `ServiceBuilder`.
+/// The layer holds configuration only; every clone of its service shares one
+/// budget per key, because the budget lives in the store, never in the
+/// service.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::num::NonZeroU32;
+/// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Router};
+/// use tower::ServiceExt;
+/// use tollgate::{Policy, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap())))
+///     .build()
+///     .unwrap();
+/// let app = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(layer)
+///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+///
+/// let first = app.clone().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+/// assert_eq!(first.status(), 200);
+/// assert_eq!(first.headers()["x-ratelimit-remaining"], "0");
+/// let second = app.oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+/// assert_eq!(second.status(), 429);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<Limiter>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policy", &self.limiter.policy)
+            .field("store", &self.limiter.store)
+            .field("deadline", &self.limiter.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// Starts configuring a layer.
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder::default()
+    }
+
+    /// The policy this layer enforces.
+    pub fn policy(&self) -> &Policy {
+        &self.limiter.policy
+    }
+
+    /// The caller's current state under this layer's policy, without charging:
+    /// what GitHub's `GET /rate_limit` shows. On Redis this is one read-only
+    /// script call, which replicas may serve.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use axum::{extract::ConnectInfo, http::Request};
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(60).unwrap())))
+    ///     .build().unwrap();
+    /// let mut req = Request::get("/").body(()).unwrap();
+    /// req.extensions_mut().insert(ConnectInfo(std::net::SocketAddr::from(([10, 0, 0, 1], 9))));
+    /// let (parts, ()) = req.into_parts();
+    /// assert_eq!(layer.peek(&parts).await.unwrap().remaining, 60);
+    /// # }
+    /// ```
+    pub async fn peek(&self, parts: &Parts) -> Result<Decision, PeekError> {
+        self.limiter.peek(parts).await
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, self.limiter.clone())
+    }
+}
+
+/// Why [`RateLimitLayer::peek`] has no answer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PeekError {
+    /// No key could be taken from the request.
+    Key(KeyError),
+    /// The store failed or missed the deadline.
+    Store(StoreError),
+}
+
+impl fmt::Display for PeekError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeekError::Key(e) => e.fmt(f),
+            PeekError::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for PeekError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PeekError::Key(e) => Some(e),
+            PeekError::Store(e) => Some(e),
+        }
+    }
+}
+
+/// Configures a [`RateLimitLayer`]. Only the policy is required.
+///
+/// | option | default |
+/// |---|---|
+/// | [`store`](Self::store) | a fresh [`MemoryStore`] |
+/// | [`key`](Self::key) | [`PeerIp`] (IPv6 by /64) |
+/// | [`cost`](Self::cost) | 1 per request |
+/// | [`deadline`](Self::deadline) | [`DEFAULT_DEADLINE`] (100 ms) |
+/// | [`on_store_failure`](Self::on_store_failure) | [`FailurePolicy::local`] |
+/// | [`limited_status`](Self::limited_status) | 429 |
+/// | [`key_error_status`](Self::key_error_status) | 400 |
+/// | [`refund_when`](Self::refund_when) | status is `304 Not Modified` |
+/// | [`headers`](Self::headers) | [`RateLimitHeaders::GITHUB`] |
+///
+/// ```
+/// use std::{num::NonZeroU32, time::Duration};
+/// use axum::http::StatusCode;
+/// use tollgate::{FailurePolicy, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::fixed_window("search", Quota::per_minute(NonZeroU32::new(30).unwrap())))
+///     .store(MemoryStore::new())
+///     .key(HeaderKey::new("x-api-key").or(PeerIp::new()))
+///     .cost(|parts| if parts.uri.path().starts_with("/search") { 10 } else { 1 })
+///     .deadline(Duration::from_millis(50))
+///     .on_store_failure(FailurePolicy::closed(Duration::from_secs(1)))
+///     .limited_status(StatusCode::FORBIDDEN)
+///     .refund_when(|status| status == StatusCode::NOT_MODIFIED || status.is_server_error())
+///     .build()
+///     .unwrap();
+/// ```
+#[must_use]
+pub struct RateLimitLayerBuilder {
+    policy: Option<Policy>,
+    store: Option<Arc<dyn Store>>,
+    key: Option<Arc<dyn KeyExtractor>>,
+    cost: Option<Arc<crate::limiter::CostFn>>,
+    deadline: Duration,
+    failure: FailurePolicy,
+    limited_status: StatusCode,
+    key_error_status: StatusCode,
+    refund_when: Arc<crate::limiter::RefundFn>,
+    headers: RateLimitHeaders,
+}
+
+impl Default for RateLimitLayerBuilder {
+    fn default() -> Self {
+        Self {
+            policy: None,
+            store: None,
+            key: None,
+            cost: None,
+            deadline: DEFAULT_DEADLINE,
+            failure: FailurePolicy::default(),
+            limited_status: StatusCode::TOO_MANY_REQUESTS,
+            key_error_status: StatusCode::BAD_REQUEST,
+            refund_when: Arc::new(|status| status == StatusCode::NOT_MODIFIED),
+            headers: RateLimitHeaders::default(),
+        }
+    }
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("policy", &self.policy)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// The policy to enforce (required).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Where decisions are made.
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// A store already shared with other layers.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// How callers are told apart.
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// What a request costs, in quota units (a search 10, a read 1).
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// The longest a decision may take before the failure policy applies.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// What to do when the store fails or misses the deadline.
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// The status of rejections: 429 (default) or 403, as GitHub sends.
+    pub fn limited_status(mut self, status: StatusCode) -> Self {
+        self.limited_status = status;
+        self
+    }
+
+    /// The status when no key can be taken from a request (default 400).
+    pub fn key_error_status(mut self, status: StatusCode) -> Self {
+        self.key_error_status = status;
+        self
+    }
+
+    /// Which response statuses get their charge back (default: 304 only).
+    pub fn refund_when(
+        mut self,
+        refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.refund_when = Arc::new(refund);
+        self
+    }
+
+    /// Which rate-limit header dialects to send.
+    pub fn headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The layer, or why this configuration cannot work.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        let policy = self
+            .policy
+            .ok_or_else(|| ConfigError::new("a policy is required: call .policy(..)"))?;
+        policy.validate()?;
+        if self.deadline.is_zero() {
+            return Err(ConfigError::new(
+                "the store deadline must be longer than zero",
+            ));
+        }
+        for (what, status) in [
+            ("limited", self.limited_status),
+            ("key error", self.key_error_status),
+        ] {
+            if !(status.is_client_error() || status.is_server_error()) {
+                return Err(ConfigError::new(format!(
+                    "the {what} status must be a 4xx or 5xx, got {status}"
+                )));
+            }
+        }
+        Ok(RateLimitLayer {
+            limiter: Arc::new(Limiter {
+                policy,
+                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
+                cost: self.cost,
+                deadline: self.deadline,
+                failure: self.failure,
+                limited_status: self.limited_status,
+                key_error_status: self.key_error_status,
+                refund_when: self.refund_when,
+                headers: self.headers,
+            }),
+        })
+    }
+}

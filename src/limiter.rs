@@ -1,0 +1,210 @@
+//! The request path's logic, apart from tower's plumbing: identify, decide
+//! (within a deadline, with a failure policy), and settle refunds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::error::{StoreError, StoreErrorKind};
+use crate::failure::FailurePolicy;
+use crate::headers::RateLimitHeaders;
+use crate::key::{Key, KeyExtractor};
+use crate::quota::Policy;
+use crate::response;
+use crate::store::Store;
+
+static FALLBACK: HeaderName = HeaderName::from_static("x-ratelimit-fallback");
+
+/// Price of a request in quota units, from its head.
+pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+/// Whether a response's status makes its charge refundable.
+pub(crate) type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// Put in the request's extensions when the store failed and the request was
+/// let through or decided locally, so handlers can tell.
+///
+/// ```
+/// use tollgate::{StoreErrorKind, StoreUnavailable};
+/// let marker = StoreUnavailable { kind: StoreErrorKind::Timeout };
+/// assert_eq!(marker.kind.as_str(), "timeout");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreUnavailable {
+    /// What went wrong with the store.
+    pub kind: StoreErrorKind,
+}
+
+/// Everything the layer was configured with; shared by all service clones.
+pub(crate) struct Limiter {
+    pub(crate) policy: Policy,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) deadline: Duration,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) limited_status: StatusCode,
+    pub(crate) key_error_status: StatusCode,
+    pub(crate) refund_when: Arc<RefundFn>,
+    pub(crate) headers: RateLimitHeaders,
+}
+
+/// Which store decided a request; refunds go back to the same one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Decider {
+    Main,
+    Fallback,
+}
+
+/// A request allowed through, with what is needed to settle it.
+pub(crate) struct Pass {
+    key: Option<Key>,
+    decision: Option<Decision>,
+    decider: Decider,
+    degraded: Option<StoreErrorKind>,
+}
+
+/// The outcome of [`Limiter::admit`].
+pub(crate) enum Verdict {
+    Pass(Pass),
+    Respond(Response<Body>),
+}
+
+impl Limiter {
+    /// Identifies the caller and decides, never waiting past the deadline.
+    pub(crate) async fn admit(&self, parts: &mut Parts) -> Verdict {
+        let key = match self.key.extract(parts) {
+            Ok(key) => key,
+            Err(err) => {
+                tracing::debug!(policy = self.policy.name(), error = %err, "rate limit key not found");
+                return Verdict::Respond(response::unidentified(self.key_error_status, &err));
+            }
+        };
+        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+
+        let (decision, decider, degraded) = match self.ask(&*self.store, &key, cost).await {
+            Ok(decision) => (decision, Decider::Main, None),
+            Err(err) => {
+                tracing::warn!(policy = self.policy.name(), error = %err, kind = err.kind().as_str(),
+                    "rate limit store failed; applying failure policy");
+                let kind = err.kind();
+                parts.extensions.insert(StoreUnavailable { kind });
+                match &self.failure {
+                    FailurePolicy::Open => {
+                        return Verdict::Pass(Pass {
+                            key: None,
+                            decision: None,
+                            decider: Decider::Main,
+                            degraded: Some(kind),
+                        })
+                    }
+                    FailurePolicy::Closed { retry_after } => {
+                        let secs = (retry_after.as_micros() as u64).div_ceil(1_000_000);
+                        return Verdict::Respond(response::unavailable(secs));
+                    }
+                    FailurePolicy::Local(local) => match self.ask(&**local, &key, cost).await {
+                        Ok(decision) => (decision, Decider::Fallback, Some(kind)),
+                        Err(err) => {
+                            tracing::warn!(policy = self.policy.name(), error = %err, "fallback store failed too; letting the request through");
+                            return Verdict::Pass(Pass {
+                                key: None,
+                                decision: None,
+                                decider: Decider::Main,
+                                degraded: Some(kind),
+                            });
+                        }
+                    },
+                }
+            }
+        };
+
+        tracing::debug!(
+            policy = self.policy.name(),
+            allowed = decision.allowed,
+            remaining = decision.remaining,
+            "rate limit decision"
+        );
+        if !decision.allowed {
+            let mut response =
+                response::limited(self.limited_status, &self.policy, &decision, self.headers);
+            if let Some(kind) = degraded {
+                mark_degraded(response.headers_mut(), kind, decider);
+            }
+            return Verdict::Respond(response);
+        }
+        parts.extensions.insert(decision.clone());
+        Verdict::Pass(Pass {
+            key: Some(key),
+            decision: Some(decision),
+            decider,
+            degraded,
+        })
+    }
+
+    /// After the inner service answered: refund if its status says so, then
+    /// write the headers.
+    pub(crate) async fn settle(&self, pass: Pass, status: StatusCode, headers: &mut HeaderMap) {
+        let Pass {
+            key,
+            decision,
+            decider,
+            degraded,
+        } = pass;
+        if let Some(kind) = degraded {
+            mark_degraded(headers, kind, decider);
+        }
+        let (Some(key), Some(mut decision)) = (key, decision) else {
+            return;
+        };
+        if (self.refund_when)(status) && !decision.receipt.is_empty() {
+            let store: &dyn Store = match (decider, &self.failure) {
+                (Decider::Fallback, FailurePolicy::Local(local)) => &**local,
+                _ => &*self.store,
+            };
+            let refund = store.refund(&self.policy, &key, &decision.receipt);
+            match tokio::time::timeout(self.deadline, refund).await {
+                Ok(Ok(())) => {
+                    let cost = decision.receipt.cost();
+                    decision = decision.refunded(cost);
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(policy = self.policy.name(), error = %err, "rate limit refund failed")
+                }
+                Err(_) => {
+                    tracing::warn!(policy = self.policy.name(), "rate limit refund timed out")
+                }
+            }
+        }
+        self.headers.apply(headers, &self.policy, &decision);
+    }
+
+    /// The caller's current state, without charging.
+    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::PeekError> {
+        let key = self.key.extract(parts).map_err(crate::PeekError::Key)?;
+        match tokio::time::timeout(self.deadline, self.store.peek(&self.policy, &key)).await {
+            Ok(result) => result.map_err(crate::PeekError::Store),
+            Err(_) => Err(crate::PeekError::Store(StoreError::timeout())),
+        }
+    }
+
+    async fn ask(&self, store: &dyn Store, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        match tokio::time::timeout(self.deadline, store.check(&self.policy, key, cost)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout()),
+        }
+    }
+}
+
+fn mark_degraded(headers: &mut HeaderMap, kind: StoreErrorKind, decider: Decider) {
+    let how = if decider == Decider::Fallback {
+        "local"
+    } else {
+        "open"
+    };
+    headers.insert(FALLBACK.clone(), HeaderValue::from_static(how));
+    tracing::trace!(kind = kind.as_str(), how, "degraded rate limit decision");
+}

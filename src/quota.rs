@@ -1,0 +1,188 @@
+//! How much, how often, and under which name.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::strategy::Strategy;
+
+/// `limit` units per `window`. Zero limits and windows cannot be built.
+///
+/// `Quota::per_second(n)` means *n per second*, never "one every n seconds".
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use std::time::Duration;
+/// use tollgate::Quota;
+///
+/// let q = Quota::per_hour(NonZeroU32::new(5000).unwrap());
+/// assert_eq!(q.limit(), 5000);
+/// assert_eq!(q.window(), Duration::from_secs(3600));
+///
+/// // From runtime values (environment, config files), with a clear error:
+/// assert!(Quota::new(5, Duration::from_secs(10)).is_ok());
+/// assert!(Quota::new(5, Duration::ZERO).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    limit: NonZeroU32,
+    window: Duration,
+}
+
+impl Quota {
+    /// `limit` per second.
+    pub const fn per_second(limit: NonZeroU32) -> Self {
+        Self::of(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` per minute.
+    pub const fn per_minute(limit: NonZeroU32) -> Self {
+        Self::of(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` per hour.
+    pub const fn per_hour(limit: NonZeroU32) -> Self {
+        Self::of(limit, Duration::from_secs(3600))
+    }
+
+    /// `limit` per `window`; the window must be at least one millisecond.
+    pub fn with_window(limit: NonZeroU32, window: Duration) -> Result<Self, ConfigError> {
+        if window < Duration::from_millis(1) {
+            return Err(ConfigError::new(format!(
+                "window must be at least 1 ms, got {window:?}"
+            )));
+        }
+        if window > Duration::from_secs(366 * 24 * 3600) {
+            return Err(ConfigError::new(format!(
+                "window must be at most a year, got {window:?}"
+            )));
+        }
+        Ok(Self::of(limit, window))
+    }
+
+    /// `limit` per `window` from plain numbers, for values read at run time.
+    pub fn new(limit: u32, window: Duration) -> Result<Self, ConfigError> {
+        let limit =
+            NonZeroU32::new(limit).ok_or_else(|| ConfigError::new("limit must be at least 1"))?;
+        Self::with_window(limit, window)
+    }
+
+    const fn of(limit: NonZeroU32, window: Duration) -> Self {
+        Self { limit, window }
+    }
+
+    /// Units allowed per window.
+    pub fn limit(&self) -> u32 {
+        self.limit.get()
+    }
+
+    /// The window's length.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The window in whole microseconds, the unit the stores work in.
+    pub(crate) fn window_micros(&self) -> u64 {
+        self.window.as_micros() as u64
+    }
+}
+
+/// A named limit: a strategy and one or more quotas checked together.
+///
+/// The name is what clients see in `X-RateLimit-Resource` and what separates
+/// this policy's counters from other policies' in the store. With several
+/// quotas, a request must fit all of them; when one rejects, none is charged.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use tollgate::{Policy, Quota};
+///
+/// let per_sec = Quota::per_second(NonZeroU32::new(10).unwrap());
+/// let per_hour = Quota::per_hour(NonZeroU32::new(1000).unwrap());
+/// let policy = Policy::fixed_window("core", per_sec).and(per_hour);
+/// assert_eq!(policy.name(), "core");
+/// assert_eq!(policy.quotas().len(), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    name: Arc<str>,
+    strategy: Strategy,
+    quotas: Arc<[Quota]>,
+}
+
+impl Policy {
+    /// A policy named `name` using `strategy` with one `quota`.
+    pub fn new(name: impl Into<Arc<str>>, strategy: Strategy, quota: Quota) -> Self {
+        Self {
+            name: name.into(),
+            strategy,
+            quotas: Arc::from([quota]),
+        }
+    }
+
+    /// GitHub's fixed window: the first request opens a window of
+    /// `quota.window()`; its end is stored and read back, never recomputed.
+    pub fn fixed_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Strategy::FixedWindow, quota)
+    }
+
+    /// Adds another quota that every request must also fit.
+    pub fn and(mut self, quota: Quota) -> Self {
+        let mut quotas = self.quotas.to_vec();
+        quotas.push(quota);
+        self.quotas = quotas.into();
+        self
+    }
+
+    /// The resource name, as sent in `X-RateLimit-Resource`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The algorithm.
+    pub fn strategy(&self) -> &Strategy {
+        &self.strategy
+    }
+
+    /// The quotas, in the order they were given.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas
+    }
+
+    /// Checks what the types cannot: a usable name and a quota count the
+    /// strategy supports. Called by the layer's and the stores' builders.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    /// let q = Quota::per_second(NonZeroU32::new(1).unwrap());
+    /// assert!(Policy::fixed_window("core", q).validate().is_ok());
+    /// assert!(Policy::fixed_window("", q).validate().is_err());
+    /// assert!(Policy::fixed_window("bad name", q).validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        if !name_ok {
+            return Err(ConfigError::new(format!(
+                "policy name {:?} must be 1-64 characters of [A-Za-z0-9-_./]",
+                self.name
+            )));
+        }
+        let max = self.strategy.max_quotas();
+        if self.quotas.len() > max {
+            return Err(ConfigError::new(format!(
+                "strategy {} takes at most {max} quota(s), policy {:?} has {}",
+                self.strategy.as_str(),
+                self.name,
+                self.quotas.len()
+            )));
+        }
+        self.strategy.validate(&self.quotas)
+    }
+}

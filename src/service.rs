@@ -1,0 +1,93 @@
+//! [`RateLimit`]: the service the layer wraps around yours.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::future::ResponseFuture;
+use crate::limiter::{Limiter, Verdict};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Rate-limits requests to `S`. Made by [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// Holds no limiter state of its own (that lives in the store), so cloning it
+/// (axum clones per request) never splits a budget. Every outcome is a
+/// response; errors are only ever the inner service's.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use tower::ServiceBuilder;
+/// use tollgate::{Policy, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::fixed_window("core", Quota::per_second(NonZeroU32::new(5).unwrap())))
+///     .build().unwrap();
+/// let _svc = ServiceBuilder::new().layer(layer).service(tower::service_fn(
+///     |_req: axum::http::Request<axum::body::Body>| async {
+///         Ok::<_, std::convert::Infallible>(axum::http::Response::new(axum::body::Body::empty()))
+///     },
+/// ));
+/// ```
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    limiter: Arc<Limiter>,
+}
+
+impl<S> RateLimit<S> {
+    pub(crate) fn new(inner: S, limiter: Arc<Limiter>) -> Self {
+        Self { inner, limiter }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("policy", &self.limiter.policy)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service in `self` was driven to readiness; take it and leave a
+        // fresh clone behind (tower's "be careful when cloning inner services").
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limiter = self.limiter.clone();
+
+        ResponseFuture::new(async move {
+            let (mut parts, body) = request.into_parts();
+            let pass = match limiter.admit(&mut parts).await {
+                Verdict::Pass(pass) => pass,
+                Verdict::Respond(response) => return Ok(response),
+            };
+            let response = inner.call(Request::from_parts(parts, body)).await?;
+            let (mut head, body) = response.into_parts();
+            limiter.settle(pass, head.status, &mut head.headers).await;
+            Ok(Response::from_parts(head, Body::new(body)))
+        })
+    }
+}

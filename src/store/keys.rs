@@ -1,0 +1,77 @@
+//! Store key names, shared by every backend.
+//!
+//! All keys of one decision share the hash tag `{policy|key}`, so they live in
+//! one Redis Cluster slot and in one memory-store shard. [`Key`] escapes braces
+//! and `|`, and policy names and prefixes cannot contain them, so no caller
+//! can choose another caller's tag.
+
+use crate::error::ConfigError;
+use crate::key::Key;
+use crate::quota::Policy;
+
+/// Names keys under a prefix: `{prefix}:{{policy|key}}:{strategy}:{i}`.
+#[derive(Debug, Clone)]
+pub(crate) struct KeySpace {
+    prefix: String,
+}
+
+impl Default for KeySpace {
+    fn default() -> Self {
+        Self {
+            prefix: "tollgate".into(),
+        }
+    }
+}
+
+impl KeySpace {
+    pub(crate) fn new(prefix: impl Into<String>) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || prefix.contains(['{', '}', '|'])
+            || prefix.chars().any(char::is_control)
+        {
+            return Err(ConfigError::new(format!(
+                "key prefix {prefix:?} must be 1-64 characters without braces, '|' or control characters"
+            )));
+        }
+        Ok(Self { prefix })
+    }
+
+    /// `{prefix}:{{policy|key}}`: the part every key of one decision shares.
+    pub(crate) fn tag(&self, policy: &Policy, key: &Key) -> String {
+        format!("{}:{{{}|{}}}", self.prefix, policy.name(), key.as_str())
+    }
+
+    /// One key per quota, named by strategy so that changing a policy's
+    /// strategy never reads another algorithm's state.
+    pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
+        let tag = self.tag(policy, key);
+        let strategy = policy.strategy().as_str();
+        (0..policy.quotas().len())
+            .map(|i| format!("{tag}:{strategy}:{i}"))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+    use std::time::Duration;
+
+    #[test]
+    fn keys_of_one_decision_share_exactly_one_hash_tag() {
+        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
+        let policy = Policy::fixed_window("core", q).and(q);
+        let keys = KeySpace::default().quota_keys(&policy, &Key::new("{evil}"));
+        for k in &keys {
+            assert_eq!(k.matches('{').count(), 1, "{k}");
+            assert!(
+                k.starts_with("tollgate:{core|%7Bevil%7D}:fixed_window:"),
+                "{k}"
+            );
+        }
+        assert!(KeySpace::new("a{b").is_err());
+    }
+}

@@ -1,0 +1,251 @@
+//! The in-process store: the embedded default, no Redis needed.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{BoxFuture, KeySpace, Store};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, Receipt};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::quota::Policy;
+use crate::strategy::fixed_window::{self, Window, EXPIRY_GRACE_MICROS};
+use crate::strategy::Strategy;
+
+const SHARDS: usize = 64;
+/// How often a shard drops expired entries, in µs of its clock.
+const SWEEP_EVERY_MICROS: u64 = 1_000_000;
+
+/// Keeps limits in this process's memory, with the same semantics as Redis.
+///
+/// Each decision runs the strategy under one shard's lock, so concurrent
+/// requests never over-admit. Limits are per process: two app servers with a
+/// `MemoryStore` each allow twice the limit between them. Use
+/// [`RedisStore`](crate::RedisStore) to share limits.
+///
+/// **Memory.** Entries live until one second after their window ends, like the
+/// Redis keys; each shard drops expired entries at most once per second of its
+/// clock, when it is next used. Memory is bounded by the callers active within
+/// a window plus one second.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::{num::NonZeroU32, time::Duration};
+/// use tollgate::{Key, ManualClock, MemoryStore, Policy, Quota, Store};
+///
+/// let clock = ManualClock::new(0);
+/// let store = MemoryStore::with_clock(clock.clone());
+/// let policy = Policy::fixed_window("core", Quota::per_second(NonZeroU32::new(1).unwrap()));
+/// let key = Key::new("bob");
+/// assert!(store.check(&policy, &key, 1).await.unwrap().allowed);
+/// assert!(!store.check(&policy, &key, 1).await.unwrap().allowed);
+/// clock.advance(Duration::from_secs(1));
+/// assert!(store.check(&policy, &key, 1).await.unwrap().allowed);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    keys: KeySpace,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Shard {
+    entries: HashMap<String, Entry>,
+    next_sweep: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    expires_at: u64,
+    state: State,
+}
+
+/// One key's state, per strategy.
+#[derive(Debug, Clone)]
+pub(crate) enum State {
+    Window(Window),
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// A store on `clock`; tests pass a [`ManualClock`](crate::ManualClock).
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                clock: Arc::new(clock),
+                keys: KeySpace::default(),
+            }),
+        }
+    }
+
+    /// Live entries, after dropping expired ones. For tests and metrics.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::MemoryStore::new().len(), 0);
+    /// ```
+    pub fn len(&self) -> usize {
+        let now = self.inner.clock.now_micros();
+        self.inner
+            .shards
+            .iter()
+            .map(|s| {
+                let mut shard = lock(s);
+                shard.sweep(now);
+                shard.entries.len()
+            })
+            .sum()
+    }
+
+    /// Whether no entry is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Runs `f` on the shard that holds `tag`'s keys, at the clock's now.
+    fn with_shard<T>(&self, tag: &str, f: impl FnOnce(&mut Shard, u64) -> T) -> T {
+        let index = self.inner.hasher.hash_one(tag) as usize % SHARDS;
+        let mut shard = lock(&self.inner.shards[index]);
+        let now = self.inner.clock.now_micros();
+        if now >= shard.next_sweep {
+            shard.sweep(now);
+        }
+        f(&mut shard, now)
+    }
+
+    fn decide(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
+        let tag = self.inner.keys.tag(policy, key);
+        let keys = self.inner.keys.quota_keys(policy, key);
+        self.with_shard(&tag, |shard, now| match policy.strategy() {
+            Strategy::FixedWindow => {
+                let mut windows: Vec<Option<Window>> = keys
+                    .iter()
+                    .map(|k| match shard.get(k, now) {
+                        Some(State::Window(w)) => Some(*w),
+                        _ => None,
+                    })
+                    .collect();
+                let decision = fixed_window::check(&mut windows, policy.quotas(), now, cost);
+                if decision.allowed && cost > 0 {
+                    for (k, w) in keys.iter().zip(windows) {
+                        if let Some(w) = w {
+                            shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
+                        }
+                    }
+                }
+                decision
+            }
+        })
+    }
+
+    fn give_back(&self, policy: &Policy, key: &Key, receipt: &Receipt) {
+        if receipt.is_empty() {
+            return;
+        }
+        let tag = self.inner.keys.tag(policy, key);
+        let keys = self.inner.keys.quota_keys(policy, key);
+        self.with_shard(&tag, |shard, now| match policy.strategy() {
+            Strategy::FixedWindow => {
+                for (k, stamp) in keys.iter().zip(receipt.stamps()) {
+                    if let Some(State::Window(w)) = shard.get_mut(k, now) {
+                        let mut slot = [Some(*w)];
+                        fixed_window::refund(&mut slot, &[*stamp], receipt.cost());
+                        if let Some(refunded) = slot[0] {
+                            *w = refunded;
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+impl Shard {
+    /// The live state under `key`; an expired entry reads as absent, as in Redis.
+    pub(crate) fn get(&self, key: &str, now: u64) -> Option<&State> {
+        self.entries
+            .get(key)
+            .filter(|e| e.expires_at > now)
+            .map(|e| &e.state)
+    }
+
+    pub(crate) fn get_mut(&mut self, key: &str, now: u64) -> Option<&mut State> {
+        self.entries
+            .get_mut(key)
+            .filter(|e| e.expires_at > now)
+            .map(|e| &mut e.state)
+    }
+
+    /// Stores `state` under `key` until `expires_at` (µs).
+    pub(crate) fn put(&mut self, key: &str, state: State, expires_at: u64) {
+        match self.entries.get_mut(key) {
+            Some(entry) => *entry = Entry { expires_at, state },
+            None => {
+                self.entries
+                    .insert(key.to_owned(), Entry { expires_at, state });
+            }
+        }
+    }
+
+    fn sweep(&mut self, now: u64) {
+        self.entries.retain(|_, e| e.expires_at > now);
+        self.next_sweep = now + SWEEP_EVERY_MICROS;
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a half-written entry that
+    // matters more than refusing service; keep going with the data as is.
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Store for MemoryStore {
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.decide(policy, key, cost))))
+    }
+
+    fn peek<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.decide(policy, key, 0))))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.give_back(policy, key, receipt);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}

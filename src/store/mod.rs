@@ -1,0 +1,99 @@
+//! Where decisions are made: the [`Store`] trait and its backends.
+//!
+//! A store is coarse and atomic: one call decides and charges. On Redis that
+//! call is one script, one round trip; in memory it is the same algorithm
+//! under one lock.
+
+mod keys;
+mod memory;
+pub(crate) mod redis;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub(crate) use keys::KeySpace;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::decision::{Decision, Receipt};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::quota::Policy;
+
+/// A boxed `Send` future, which keeps [`Store`] usable as `dyn Store`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Decides whether a caller may proceed, and keeps the books.
+///
+/// Implementations must decide and charge atomically: two concurrent calls
+/// for one key must never both take the last unit, even from different
+/// processes. Being limited is an `Ok` [`Decision`] with `allowed == false`;
+/// `Err` means the store could not decide.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::num::NonZeroU32;
+/// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+///
+/// let store = MemoryStore::new();
+/// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap()));
+/// let bob = Key::new("bob");
+/// assert!(store.check(&policy, &bob, 1).await.unwrap().allowed);
+/// assert!(!store.check(&policy, &bob, 1).await.unwrap().allowed);
+/// # }
+/// ```
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Decides for `cost` units of `key` under `policy`, charging on a pass.
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// Reports the current state without charging or writing anything.
+    fn peek<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// Gives back what `receipt` charged, if it is still in the window (or
+    /// slot, or queue) it was charged to; never below zero.
+    fn refund<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).check(policy, key, cost)
+    }
+
+    fn peek<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).peek(policy, key)
+    }
+
+    fn refund<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).refund(policy, key, receipt)
+    }
+}

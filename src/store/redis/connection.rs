@@ -1,0 +1,109 @@
+//! The ways to reach Redis, behind one `eval`.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use deadpool_redis::Pool;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisResult, Value};
+
+use super::script::LuaScript;
+
+/// A handle to Redis that can run a script. Cloning is cheap.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    /// Reconnects by itself after Redis restarts; the default.
+    Manager(ConnectionManager),
+    /// One multiplexed connection, shared by all requests.
+    Multiplexed(MultiplexedConnection),
+    /// A deadpool-redis pool, used without a checkout per decision.
+    Pool(Arc<PooledConnection>),
+    /// Redis Cluster: routes each script by its keys' hash slot.
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Connection::Manager(_) => "Connection::Manager",
+            Connection::Multiplexed(_) => "Connection::Multiplexed",
+            Connection::Pool(_) => "Connection::Pool",
+            Connection::Cluster(_) => "Connection::Cluster",
+        })
+    }
+}
+
+impl Connection {
+    /// Runs `script` in one round trip (see [`LuaScript::eval`]).
+    pub(crate) async fn eval(
+        &self,
+        script: &LuaScript,
+        keys: &[String],
+        args: &[String],
+        read_only: bool,
+    ) -> RedisResult<Value> {
+        match self {
+            Connection::Manager(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
+            Connection::Multiplexed(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
+            Connection::Cluster(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
+            Connection::Pool(p) => p.eval(script, keys, args, read_only).await,
+        }
+    }
+}
+
+/// deadpool-redis checks every connection it hands out with `UNWATCH` +
+/// `PING`: a round trip per decision if we checked one out per request.
+/// A multiplexed connection serves any number of concurrent requests, so we
+/// check one out once, keep a clone, and only go back to the pool when that
+/// connection breaks.
+pub(crate) struct PooledConnection {
+    pool: Pool,
+    cached: Mutex<Option<MultiplexedConnection>>,
+}
+
+impl PooledConnection {
+    pub(crate) fn new(pool: Pool) -> Self {
+        Self {
+            pool,
+            cached: Mutex::new(None),
+        }
+    }
+
+    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+        if let Some(conn) = self.lock().clone() {
+            return Ok(conn);
+        }
+        let object = self.pool.get().await.map_err(|err| {
+            redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "deadpool-redis could not hand out a connection",
+                err.to_string(),
+            ))
+        })?;
+        let conn: MultiplexedConnection = object.as_ref().clone();
+        *self.lock() = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn eval(
+        &self,
+        script: &LuaScript,
+        keys: &[String],
+        args: &[String],
+        read_only: bool,
+    ) -> RedisResult<Value> {
+        let mut conn = self.connection().await?;
+        let result = script.eval(&mut conn, keys, args, read_only).await;
+        if let Err(err) = &result {
+            if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error() {
+                self.lock().take();
+            }
+        }
+        result
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.cached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

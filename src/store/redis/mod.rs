@@ -1,0 +1,264 @@
+//! The Redis store: one script call, one round trip, per decision.
+
+mod connection;
+mod reply;
+pub(crate) mod script;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+
+use self::connection::{Connection, PooledConnection};
+use self::script::{LuaScript, SCRIPTS};
+use super::{BoxFuture, KeySpace, Store};
+use crate::clock::Clock;
+use crate::decision::{Decision, Receipt};
+use crate::error::{ConfigError, StoreError};
+use crate::key::Key;
+use crate::quota::Policy;
+use crate::strategy::Strategy;
+
+/// Keeps limits in Redis, shared by every app server that uses the same Redis.
+///
+/// Each decision is one `EVALSHA` of an atomic Lua script from `lua/`; after
+/// `NOSCRIPT` (a flushed or restarted Redis) the script is loaded and the call
+/// repeated, once. Every key written gets an expiry.
+///
+/// **Time.** By default the scripts read Redis `TIME`, so all app servers
+/// share Redis's clock and their own clocks may drift freely. With
+/// [`RedisStoreBuilder::clock`] the store sends its own time instead; tests
+/// use that with a [`ManualClock`](crate::ManualClock). A window's end is
+/// written once, by the request that opens it, and read back by everyone.
+///
+/// Requires Redis 7 or later (script flags, `EVALSHA_RO`).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tollgate::RedisStore;
+///
+/// // A self-healing connection (ConnectionManager), prefix "tollgate":
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+///
+/// // Or over an existing deadpool-redis pool, with a prefix of your own:
+/// let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379/")
+///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+/// let store = RedisStore::from_pool(pool).prefix("myapp:rl").build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: Connection,
+    keys: KeySpace,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+/// Options for a [`RedisStore`]; made by its `from_*` constructors.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tollgate::{ManualClock, RedisStore};
+/// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+/// let conn = client.get_multiplexed_async_connection().await?;
+/// let store = RedisStore::from_connection(conn)
+///     .prefix("test")
+///     .clock(ManualClock::new(0))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    conn: Connection,
+    prefix: Option<String>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisStoreBuilder {
+    fn new(conn: Connection) -> Self {
+        Self {
+            conn,
+            prefix: None,
+            clock: None,
+        }
+    }
+
+    /// Puts every key under `prefix` (default `tollgate`); no braces or `|`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Sends this clock's time to the scripts instead of using Redis `TIME`.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The store, or why the options cannot work.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        let keys = match self.prefix {
+            Some(prefix) => KeySpace::new(prefix)?,
+            None => KeySpace::default(),
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn: self.conn,
+                keys,
+                clock: self.clock,
+            }),
+        })
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` with a [`ConnectionManager`], which reconnects in
+    /// the background when Redis restarts, and fails fast while it is gone.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(Duration::from_secs(1)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let manager = ConnectionManager::new_with_config(client, config).await?;
+        Ok(Self::from_manager(manager)
+            .build()
+            .expect("the default options are valid"))
+    }
+
+    /// Over a [`ConnectionManager`].
+    pub fn from_manager(conn: ConnectionManager) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Connection::Manager(conn))
+    }
+
+    /// Over one [`MultiplexedConnection`]; it does not reconnect by itself.
+    pub fn from_connection(conn: MultiplexedConnection) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Connection::Multiplexed(conn))
+    }
+
+    /// Over a deadpool-redis pool. One connection is checked out and shared
+    /// (it is multiplexed) until it breaks, so the pool's health check does
+    /// not add a round trip to every decision.
+    pub fn from_pool(pool: Pool) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Connection::Pool(Arc::new(PooledConnection::new(pool))))
+    }
+
+    /// Over a Redis Cluster connection: each decision's keys share a hash tag,
+    /// so a script always runs on the one node that owns them.
+    pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Connection::Cluster(conn))
+    }
+
+    /// `now` for the scripts: the store's clock, or -1 for Redis `TIME`.
+    fn now_arg(&self) -> String {
+        match &self.inner.clock {
+            Some(clock) => clock.now_micros().to_string(),
+            None => "-1".to_owned(),
+        }
+    }
+
+    async fn decide(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        read_only: bool,
+    ) -> Result<Decision, StoreError> {
+        let (script, keys, args) = self.call_for(policy, key, cost, read_only);
+        let reply = self
+            .inner
+            .conn
+            .eval(script, &keys, &args, read_only)
+            .await?;
+        reply::decision(reply, cost)
+    }
+
+    /// The script, keys and arguments one decision needs.
+    fn call_for(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Vec<String>, Vec<String>) {
+        let scripts = &*SCRIPTS;
+        match policy.strategy() {
+            Strategy::FixedWindow => {
+                let script = if read_only {
+                    &scripts.fixed_window_peek
+                } else {
+                    &scripts.fixed_window
+                };
+                let mut args = Vec::with_capacity(2 + 2 * policy.quotas().len());
+                args.push(self.now_arg());
+                args.push(cost.to_string());
+                for q in policy.quotas() {
+                    args.push(q.limit().to_string());
+                    args.push(q.window_micros().to_string());
+                }
+                (script, self.inner.keys.quota_keys(policy, key), args)
+            }
+        }
+    }
+
+    async fn give_back(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+    ) -> Result<(), StoreError> {
+        if receipt.is_empty() {
+            return Ok(());
+        }
+        let scripts = &*SCRIPTS;
+        let (script, keys, args) = match policy.strategy() {
+            Strategy::FixedWindow => {
+                let mut args = vec![receipt.cost().to_string()];
+                args.extend(receipt.stamps().iter().map(u64::to_string));
+                (
+                    &scripts.fixed_window_refund,
+                    self.inner.keys.quota_keys(policy, key),
+                    args,
+                )
+            }
+        };
+        self.inner.conn.eval(script, &keys, &args, false).await?;
+        Ok(())
+    }
+}
+
+impl Store for RedisStore {
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.decide(policy, key, cost, false))
+    }
+
+    fn peek<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.decide(policy, key, 0, true))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.give_back(policy, key, receipt))
+    }
+}

@@ -1,0 +1,133 @@
+//! GitHub's fixed window, over one or more quotas, all-or-nothing.
+//!
+//! Mirrors `lua/fixed_window.lua` line for line; change both together.
+
+use crate::decision::{Decision, Receipt};
+use crate::quota::Quota;
+
+/// One quota's window: what was spent and when the window ends (µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub count: u64,
+    pub reset_at: u64,
+}
+
+/// Expiry is cleanup only: keys live one second past their window's end.
+pub(crate) const EXPIRY_GRACE_MICROS: u64 = 1_000_000;
+
+/// Decides, and on a pass charges `cost` to every window in `windows`.
+///
+/// `windows[i]` is quota `i`'s stored state (`None` when absent). A window
+/// whose stored end is not after `now` counts as empty, whether or not the
+/// store has expired it yet. With `cost == 0` nothing is written (a peek).
+pub(crate) fn check(
+    windows: &mut [Option<Window>],
+    quotas: &[Quota],
+    now: u64,
+    cost: u64,
+) -> Decision {
+    let mut current: Vec<Window> = windows
+        .iter()
+        .zip(quotas)
+        .map(|(stored, quota)| match stored {
+            Some(w) if w.reset_at > now => *w,
+            _ => Window {
+                count: 0,
+                reset_at: now + quota.window_micros(),
+            },
+        })
+        .collect();
+
+    // The rejecting quota that frees up last decides Retry-After; when all
+    // fit, the one with the least left is reported.
+    let mut rejected: Option<usize> = None;
+    for (i, (w, q)) in current.iter().zip(quotas).enumerate() {
+        if w.count + cost > u64::from(q.limit()) {
+            let later = rejected.is_none_or(|r| w.reset_at > current[r].reset_at);
+            if later {
+                rejected = Some(i);
+            }
+        }
+    }
+
+    if let Some(i) = rejected {
+        let (w, q) = (current[i], quotas[i]);
+        let limit = u64::from(q.limit());
+        return Decision::rejected(limit, w.count.min(limit), w.reset_at, now, w.reset_at - now)
+            .reporting(i);
+    }
+
+    if cost > 0 {
+        for (slot, w) in windows.iter_mut().zip(current.iter_mut()) {
+            w.count += cost;
+            *slot = Some(*w);
+        }
+    }
+
+    let mut report = 0;
+    for (i, (w, q)) in current.iter().zip(quotas).enumerate() {
+        let left = u64::from(q.limit()).saturating_sub(w.count);
+        let best = u64::from(quotas[report].limit()).saturating_sub(current[report].count);
+        if left < best {
+            report = i;
+        }
+    }
+    let (w, q) = (current[report], quotas[report]);
+    Decision::allowed(u64::from(q.limit()), w.count, w.reset_at, now)
+        .reporting(report)
+        .with_receipt(Receipt::new(
+            cost,
+            current.iter().map(|w| w.reset_at).collect(),
+        ))
+}
+
+/// Gives `receipt.cost` back to each window that is still the one charged.
+pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], cost: u64) {
+    for (slot, stamp) in windows.iter_mut().zip(stamps) {
+        if let Some(w) = slot {
+            if w.reset_at == *stamp {
+                w.count = w.count.saturating_sub(cost);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn q(limit: u32, secs: u64) -> Quota {
+        Quota::new(limit, Duration::from_secs(secs)).unwrap()
+    }
+
+    #[test]
+    fn over_limit_count_still_rejects_unlike_equality_checks() {
+        // A count above the limit (the limit was lowered) must keep rejecting:
+        // published scripts test `count == limit` and never reject again.
+        let mut w = [Some(Window {
+            count: 7,
+            reset_at: 10_000_000,
+        })];
+        let d = check(&mut w, &[q(5, 10)], 1_000_000, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.used, 5);
+    }
+
+    #[test]
+    fn several_quotas_charge_all_or_none() {
+        let quotas = [q(10, 1), q(2, 3600)];
+        let mut w = [None, None];
+        assert!(check(&mut w, &quotas, 0, 1).allowed);
+        assert!(check(&mut w, &quotas, 1, 1).allowed);
+        let third = check(&mut w, &quotas, 2, 1);
+        assert!(!third.allowed);
+        assert_eq!(third.quota, 1, "the hourly quota rejected");
+        assert_eq!(
+            w[0].unwrap().count,
+            2,
+            "the per-second window was not charged"
+        );
+    }
+}
