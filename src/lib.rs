@@ -70,3 +70,8 @@ pub use quota::{Policy, Quota};
 pub use service::RateLimit;
 pub use store::{BoxFuture, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 pub use strategy::Strategy;
+
+/// The README's examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
