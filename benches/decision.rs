@@ -1,0 +1,402 @@
+//! What one decision costs, per strategy in `examples/support/lineup.rs`.
+//!
+//! - `memory_single_key`, `memory_100k_keys`, `memory_rejecting`: the memory
+//!   store's `check`, on one hot key, round-robin over 100,000 keys, and on a
+//!   key whose budget is spent.
+//! - `layer`: a request through an axum `Router` in-process (no sockets) with
+//!   no limiter, with a limiter that passes, and with one that rejects; the
+//!   handler is the zoo's.
+//! - `redis_c1`, `redis_c64`: `RedisStore::check` over one multiplexed
+//!   connection with 1 and 64 decisions in flight, beside `bare_evalsha`: a
+//!   plain redis-rs client sending the same `EVALSHA` of
+//!   `lua/fixed_window.lua` with the same arguments through the same kind of
+//!   connection, so the store's own cost shows as a ratio measured in the
+//!   same run.
+//!
+//! ```text
+//! cargo bench --bench decision              # everything, a few minutes
+//! cargo bench --bench decision -- memory    # criterion's name filter
+//! REDIS_URL=redis://127.0.0.1:7000/ cargo bench --bench decision -- redis
+//! ```
+//!
+//! Without `REDIS_URL` the bench starts its own `redis-server` (no
+//! persistence) on a free port. After criterion's output it prints a summary
+//! with medians and the ratios that `BENCHMARKS.md` tracks.
+
+#[path = "../examples/support/lineup.rs"]
+mod lineup;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/support/redis.rs"]
+mod redis_support;
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{body::Body, Json, Router};
+use criterion::{Bencher, Criterion, Throughput};
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
+use tollgate::{Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store};
+use tower::ServiceExt;
+
+/// Criterion's samples per benchmark; the summary keeps the last this many.
+const SAMPLES: usize = 60;
+/// Decisions in flight for the concurrent Redis benchmarks.
+const IN_FLIGHT: usize = 64;
+/// Distinct keys for the many-keys benchmark.
+const MANY_KEYS: usize = 100_000;
+
+/// A budget nothing in a benchmark run can spend: every check passes.
+fn roomy() -> Quota {
+    Quota::new(u32::MAX, Duration::from_secs(3600)).unwrap()
+}
+
+/// One unit an hour: after the first check, every check is rejected.
+fn tight() -> Quota {
+    Quota::new(1, Duration::from_secs(3600)).unwrap()
+}
+
+/// ns per iteration of every sample criterion took, by benchmark id.
+static RECORDED: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::new());
+
+/// Times `run(iters)` as criterion asks, and remembers each sample for the
+/// summary (criterion's own estimates are printed as usual).
+fn sampled(b: &mut Bencher, id: String, mut run: impl FnMut(u64) -> Duration) {
+    b.iter_custom(|iters| {
+        let took = run(iters);
+        let ns = took.as_nanos() as f64 / iters.max(1) as f64;
+        RECORDED
+            .lock()
+            .unwrap()
+            .entry(id.clone())
+            .or_default()
+            .push(ns);
+        took
+    });
+}
+
+/// The median ns per iteration of a benchmark's measured samples (warm-up
+/// samples come first and are left out).
+fn median_ns(id: &str) -> Option<f64> {
+    let recorded = RECORDED.lock().unwrap();
+    let all = recorded.get(id)?;
+    let mut last: Vec<f64> = all[all.len().saturating_sub(SAMPLES)..].to_vec();
+    last.sort_by(f64::total_cmp);
+    last.get(last.len() / 2).copied()
+}
+
+fn memory(c: &mut Criterion) {
+    let hot = Key::new("hot");
+    let many: Vec<Key> = (0..MANY_KEYS)
+        .map(|i| Key::new(format!("caller-{i}")))
+        .collect();
+
+    let mut group = c.benchmark_group("memory_single_key");
+    group.throughput(Throughput::Elements(1));
+    for policy in lineup::lineup(roomy()) {
+        let store = MemoryStore::new();
+        let id = format!("memory_single_key/{}", policy.name());
+        group.bench_function(policy.name(), |b| {
+            sampled(b, id.clone(), |iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    black_box(decide_now(&store, &policy, &hot));
+                }
+                start.elapsed()
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("memory_100k_keys");
+    group.throughput(Throughput::Elements(1));
+    for policy in lineup::lineup(roomy()) {
+        let store = MemoryStore::new();
+        for key in &many {
+            decide_now(&store, &policy, key);
+        }
+        let id = format!("memory_100k_keys/{}", policy.name());
+        let mut next = 0;
+        group.bench_function(policy.name(), |b| {
+            sampled(b, id.clone(), |iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    black_box(decide_now(&store, &policy, &many[next]));
+                    next = (next + 1) % MANY_KEYS;
+                }
+                start.elapsed()
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("memory_rejecting");
+    group.throughput(Throughput::Elements(1));
+    for policy in lineup::lineup(tight()) {
+        let store = MemoryStore::new();
+        decide_now(&store, &policy, &hot);
+        let id = format!("memory_rejecting/{}", policy.name());
+        group.bench_function(policy.name(), |b| {
+            sampled(b, id.clone(), |iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    black_box(decide_now(&store, &policy, &hot));
+                }
+                start.elapsed()
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The memory store answers without waiting; anything else is a bug here.
+fn decide_now(store: &MemoryStore, policy: &Policy, key: &Key) -> bool {
+    store
+        .check(policy, key, 1)
+        .now_or_never()
+        .expect("the memory store decides without waiting")
+        .expect("the memory store does not fail")
+        .allowed
+}
+
+/// The zoo's limited handler, so the layer's cost is measured against the
+/// same work the load test serves.
+async fn tigerfeeding(headers: HeaderMap) -> Response {
+    const ETAG: &str = "\"tiger-feeding-v1\"";
+    if headers
+        .get("if-none-match")
+        .is_some_and(|v| v.as_bytes() == ETAG.as_bytes())
+    {
+        return (StatusCode::NOT_MODIFIED, [("etag", ETAG)]).into_response();
+    }
+    (
+        [("etag", ETAG), ("cache-control", "no-cache")],
+        Json(serde_json::json!({ "feeding": "tigers", "at": "12:00", "zone": "big cats" })),
+    )
+        .into_response()
+}
+
+fn layer(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let peer = ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 40000)));
+    let request = move || {
+        let mut req = Request::get("/t").body(Body::empty()).unwrap();
+        req.extensions_mut().insert(peer);
+        req
+    };
+    let serve = |app: &Router, expect: StatusCode, iters: u64| {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let response = app.clone().oneshot(request()).await.unwrap();
+                debug_assert_eq!(response.status(), expect);
+                black_box(response);
+            }
+            start.elapsed()
+        })
+    };
+
+    let mut group = c.benchmark_group("layer");
+    group.throughput(Throughput::Elements(1));
+    let bare = Router::new().route("/t", get(tigerfeeding));
+    group.bench_function("none", |b| {
+        sampled(b, "layer/none".into(), |iters| {
+            serve(&bare, StatusCode::OK, iters)
+        })
+    });
+    for (how, quota, status) in [
+        ("pass", roomy(), StatusCode::OK),
+        ("reject", tight(), StatusCode::TOO_MANY_REQUESTS),
+    ] {
+        for policy in lineup::lineup(quota) {
+            let name = format!("{how}/{}", policy.name());
+            let limit = RateLimitLayer::builder()
+                .policy(policy)
+                .store(MemoryStore::new())
+                .build()
+                .unwrap();
+            let app = Router::new().route("/t", get(tigerfeeding).layer(limit));
+            // Spend the tight budget so that every measured call is a 429.
+            rt.block_on(app.clone().oneshot(request())).unwrap();
+            group.bench_function(&name, |b| {
+                sampled(b, format!("layer/{name}"), |iters| {
+                    serve(&app, status, iters)
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn redis(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Our own server unless one is given; it lives until this function ends.
+    let (_server, url) = match std::env::var("REDIS_URL") {
+        Ok(url) if !url.trim().is_empty() => (None, url),
+        _ => {
+            let server = redis_support::RedisServer::start();
+            let url = server.url();
+            (Some(server), url)
+        }
+    };
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let conn = rt
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+
+    // The bare client's script: loaded once, then called by SHA.
+    let source = include_str!("../lua/fixed_window.lua");
+    let sha: String = rt
+        .block_on(
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(source)
+                .query_async(&mut conn.clone()),
+        )
+        .unwrap();
+    let bare_key = "tollgate-bench:{bare|127.0.0.1}:fixed_window:0".to_owned();
+    let quota = roomy();
+    let window_micros = quota.window().as_micros().to_string();
+    let bare = |conn: &redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&sha)
+            .arg(1)
+            .arg(&bare_key)
+            .arg(-1)
+            .arg(1)
+            .arg(quota.limit())
+            .arg(&window_micros);
+        async move {
+            let reply: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+            black_box(reply);
+        }
+    };
+
+    let store = RedisStore::from_connection(conn.clone())
+        .prefix("tollgate-bench")
+        .build()
+        .unwrap();
+    let policies = lineup::lineup(quota);
+    let key = Key::new("127.0.0.1");
+
+    for (group_name, window) in [("redis_c1", 1), ("redis_c64", IN_FLIGHT)] {
+        let mut group = c.benchmark_group(group_name);
+        group.throughput(Throughput::Elements(1));
+        group.bench_function("bare_evalsha", |b| {
+            sampled(b, format!("{group_name}/bare_evalsha"), |iters| {
+                rt.block_on(windowed(iters, window, || bare(&conn)))
+            })
+        });
+        for policy in &policies {
+            group.bench_function(policy.name(), |b| {
+                sampled(b, format!("{group_name}/{}", policy.name()), |iters| {
+                    rt.block_on(windowed(iters, window, || passes(&store, policy, &key)))
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+/// One check that must pass (the benchmark budgets cannot be spent).
+async fn passes(store: &RedisStore, policy: &Policy, key: &Key) {
+    assert!(store.check(policy, key, 1).await.unwrap().allowed);
+}
+
+/// Runs `iters` futures from `make`, keeping `window` of them in flight, and
+/// returns the wall time taken.
+async fn windowed<F: std::future::Future<Output = ()>>(
+    iters: u64,
+    window: usize,
+    mut make: impl FnMut() -> F,
+) -> Duration {
+    let start = Instant::now();
+    let mut in_flight = FuturesUnordered::new();
+    let mut issued = 0;
+    while issued < iters && in_flight.len() < window {
+        in_flight.push(make());
+        issued += 1;
+    }
+    while in_flight.next().await.is_some() {
+        if issued < iters {
+            in_flight.push(make());
+            issued += 1;
+        }
+    }
+    start.elapsed()
+}
+
+/// The medians and the ratios `BENCHMARKS.md` tracks.
+fn summary() {
+    let recorded: Vec<String> = RECORDED.lock().unwrap().keys().cloned().collect();
+    if recorded.is_empty() {
+        return;
+    }
+    println!("\nsummary: median per decision (decisions/s), last {SAMPLES} samples");
+    for id in &recorded {
+        if let Some(ns) = median_ns(id) {
+            println!("  {id:<40} {:>10.0} ns  {:>12.0}/s", ns, 1e9 / ns);
+        }
+    }
+    let ratio = |a: &str, b: &str| Some(median_ns(b)? / median_ns(a)?);
+    let names: Vec<String> = lineup::lineup(roomy())
+        .iter()
+        .map(|p| p.name().to_owned())
+        .collect();
+    println!("\nratios (throughput of the first to the second; targets in BENCHMARKS.md)");
+    for name in &names {
+        for (what, a, b) in [
+            (
+                "layer pass / no limiter",
+                format!("layer/pass/{name}"),
+                "layer/none".to_owned(),
+            ),
+            (
+                "layer reject / no limiter",
+                format!("layer/reject/{name}"),
+                "layer/none".to_owned(),
+            ),
+            (
+                "redis c1 / bare evalsha",
+                format!("redis_c1/{name}"),
+                "redis_c1/bare_evalsha".to_owned(),
+            ),
+            (
+                "redis c64 / bare evalsha (>= 0.9)",
+                format!("redis_c64/{name}"),
+                "redis_c64/bare_evalsha".to_owned(),
+            ),
+        ] {
+            if let Some(r) = ratio(&a, &b) {
+                println!("  {name:<16} {what:<36} {r:.3}");
+            }
+        }
+    }
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(SAMPLES)
+        .configure_from_args();
+    memory(&mut c);
+    layer(&mut c);
+    redis(&mut c);
+    c.final_summary();
+    summary();
+}
