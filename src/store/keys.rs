@@ -40,18 +40,56 @@ impl KeySpace {
 
     /// `{prefix}:{{policy|key}}`: the part every key of one decision shares.
     pub(crate) fn tag(&self, policy: &Policy, key: &Key) -> String {
-        format!("{}:{{{}|{}}}", self.prefix, policy.name(), key.as_str())
+        self.tag_with_room(policy, key, 0)
+    }
+
+    /// The tag in a string with `room` bytes to spare. Built with `push_str`:
+    /// `format!` was the memory store's largest cost per decision.
+    fn tag_with_room(&self, policy: &Policy, key: &Key, room: usize) -> String {
+        let (name, key) = (policy.name(), key.as_str());
+        let mut tag = String::with_capacity(self.prefix.len() + name.len() + key.len() + 4 + room);
+        tag.push_str(&self.prefix);
+        tag.push_str(":{");
+        tag.push_str(name);
+        tag.push('|');
+        tag.push_str(key);
+        tag.push('}');
+        tag
     }
 
     /// One key per quota, named by strategy so that changing a policy's
     /// strategy never reads another algorithm's state.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
-        let tag = self.tag(policy, key);
         let strategy = policy.strategy().as_str();
-        (0..policy.quotas().len())
-            .map(|i| format!("{tag}:{strategy}:{i}"))
-            .collect()
+        let count = policy.quotas().len();
+        // ":{strategy}:{i}", with i < 10 for every strategy's quota limit.
+        let suffix = strategy.len() + 4;
+        let mut stem = self.tag_with_room(policy, key, suffix);
+        stem.push(':');
+        stem.push_str(strategy);
+        stem.push(':');
+        let mut keys = Vec::with_capacity(count);
+        for i in 0..count.saturating_sub(1) {
+            let mut k = String::with_capacity(stem.len() + 2);
+            k.push_str(&stem);
+            push_index(&mut k, i);
+            keys.push(k);
+        }
+        if count > 0 {
+            // The last key takes the stem itself: one allocation per key.
+            push_index(&mut stem, count - 1);
+            keys.push(stem);
+        }
+        keys
     }
+}
+
+/// Appends `i` in decimal without going through `fmt`.
+fn push_index(out: &mut String, i: usize) {
+    if i >= 10 {
+        push_index(out, i / 10);
+    }
+    out.push(char::from(b'0' + (i % 10) as u8));
 }
 
 #[cfg(test)]
@@ -73,5 +111,22 @@ mod tests {
             );
         }
         assert!(KeySpace::new("a{b").is_err());
+    }
+
+    #[test]
+    fn quota_keys_are_numbered_in_order_from_one_shared_stem() {
+        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
+        let policy = (0..11).fold(Policy::fixed_window("p", q), |p, _| p.and(q));
+        let keys = KeySpace::new("x")
+            .unwrap()
+            .quota_keys(&policy, &Key::new("k"));
+        let expected: Vec<String> = (0..12)
+            .map(|i| format!("x:{{p|k}}:fixed_window:{i}"))
+            .collect();
+        assert_eq!(keys, expected);
+        assert_eq!(
+            KeySpace::default().tag(&policy, &Key::new("k")),
+            "tollgate:{p|k}"
+        );
     }
 }
