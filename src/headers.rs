@@ -1,6 +1,7 @@
 //! Telling clients where they stand: GitHub-style `X-RateLimit-*` headers,
 //! `Retry-After`, and optionally the IETF draft's `RateLimit` fields.
 
+use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
@@ -79,16 +80,8 @@ impl RateLimitHeaders {
     /// Writes the chosen headers for `decision` into `headers`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
         if self.github {
-            headers.insert(LIMIT.clone(), HeaderValue::from(decision.limit));
-            headers.insert(REMAINING.clone(), HeaderValue::from(decision.remaining));
-            headers.insert(USED.clone(), HeaderValue::from(decision.used));
-            headers.insert(
-                RESET.clone(),
-                HeaderValue::from(decision.reset_epoch_secs()),
-            );
-            if let Ok(name) = HeaderValue::from_str(policy.name()) {
-                headers.insert(RESOURCE.clone(), name);
-            }
+            headers.reserve(6);
+            github(headers, policy, decision);
         }
         if self.ietf_draft {
             let name = ietf_name(policy, decision.quota);
@@ -117,11 +110,80 @@ impl RateLimitHeaders {
     }
 }
 
+/// GitHub's five headers, written into one buffer and sliced: one allocation
+/// per response instead of one per value (they were a third of the layer's
+/// own cost on a pass).
+fn github(headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
+    let name = policy.name().as_bytes();
+    let mut buf = BytesMut::with_capacity(4 * 20 + name.len());
+    let mut ends = [0; 4];
+    for (end, n) in ends.iter_mut().zip([
+        decision.limit,
+        decision.remaining,
+        decision.used,
+        decision.reset_epoch_secs(),
+    ]) {
+        push_u64(&mut buf, n);
+        *end = buf.len();
+    }
+    buf.extend_from_slice(name);
+    let buf = buf.freeze();
+    let mut start = 0;
+    for (header, end) in [&LIMIT, &REMAINING, &USED, &RESET].into_iter().zip(ends) {
+        if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+            headers.insert(header.clone(), value);
+        }
+        start = end;
+    }
+    if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..)) {
+        headers.insert(RESOURCE.clone(), value);
+    }
+}
+
+/// Appends `n` in decimal, without `fmt`.
+fn push_u64(buf: &mut BytesMut, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[at..]);
+}
+
 /// The policy's name, suffixed with the quota index when it has several.
 fn ietf_name(policy: &Policy, quota: usize) -> String {
     if policy.quotas().len() == 1 {
         policy.name().to_owned()
     } else {
         format!("{}.{quota}", policy.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+    use std::time::Duration;
+
+    #[test]
+    fn github_headers_carry_each_number_and_the_name() {
+        let policy = Policy::fixed_window("core", Quota::new(5, Duration::from_secs(60)).unwrap());
+        let decision = Decision::allowed(u64::MAX, 0, 10_000_001, 1);
+        let mut headers = HeaderMap::new();
+        RateLimitHeaders::GITHUB.apply(&mut headers, &policy, &decision);
+        assert_eq!(headers["x-ratelimit-limit"], u64::MAX.to_string().as_str());
+        assert_eq!(
+            headers["x-ratelimit-remaining"],
+            u64::MAX.to_string().as_str()
+        );
+        assert_eq!(headers["x-ratelimit-used"], "0");
+        assert_eq!(headers["x-ratelimit-reset"], "11");
+        assert_eq!(headers["x-ratelimit-resource"], "core");
+        assert!(!headers.contains_key(RETRY_AFTER));
     }
 }
