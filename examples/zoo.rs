@@ -9,11 +9,19 @@
 //! (default 5) requests per `ZOO_WINDOW_SECS` (default 10) per caller, and
 //! `ZOO_TRUSTED_PROXIES` (comma-separated CIDRs whose `X-Forwarded-For` is
 //! believed). Callers are told apart by `X-Api-Key`, else by client IP.
+//! `ZOO_BENCH=1` adds `/unlimited` for `scripts/load.sh`.
 //!
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
 //!   `If-None-Match` matches.
+//! - `GET /strategies/{name}`: the same, limited by each strategy in turn
+//!   (`examples/support/lineup.rs`); `GET /strategies` lists the names.
+//! - `GET /unlimited` (only with `ZOO_BENCH=1`): the same handler with no
+//!   limiter, the baseline the load test compares with.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
+
+#[path = "support/lineup.rs"]
+mod lineup;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -39,6 +47,7 @@ struct Settings {
     redis_url: Option<String>,
     quota: Quota,
     trusted_proxies: Option<String>,
+    bench: bool,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -66,6 +75,7 @@ impl Settings {
             trusted_proxies: std::env::var("ZOO_TRUSTED_PROXIES")
                 .ok()
                 .filter(|s| !s.trim().is_empty()),
+            bench: env_or("ZOO_BENCH", 0u8)? == 1,
         })
     }
 
@@ -149,13 +159,32 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .build()
         .map_err(|e| e.to_string())?;
 
-    let zoo = Zoo {
+    let mut zoo = Zoo {
         limits: vec![tiger_limit.clone()],
     };
-    Ok(Router::new()
-        .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
-        .route("/rate_limit", get(rate_limit))
-        .with_state(zoo))
+    let mut router = Router::new().route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit));
+    let mut names = String::new();
+    for policy in lineup::lineup(settings.quota) {
+        let (path, name) = (
+            format!("/strategies/{}", policy.name()),
+            policy.name().to_owned(),
+        );
+        let limit = RateLimitLayer::builder()
+            .policy(policy)
+            .shared_store(store.clone())
+            .key(key.clone())
+            .build()
+            .map_err(|e| format!("strategy {name}: {e}"))?;
+        router = router.route(&path, get(tigerfeeding).layer(limit.clone()));
+        zoo.limits.push(limit);
+        names.push_str(&name);
+        names.push('\n');
+    }
+    router = router.route("/strategies", get(move || async move { names }));
+    if settings.bench {
+        router = router.route("/unlimited", get(tigerfeeding));
+    }
+    Ok(router.route("/rate_limit", get(rate_limit)).with_state(zoo))
 }
 
 #[tokio::main]

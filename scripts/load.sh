@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# HTTP load test of the zoo on loopback: what tollgate costs a server.
+#
+#   scripts/load.sh                 # everything, about 2 + 1.3 x strategies minutes
+#   LOAD_SECS=10 LOAD_RUNS=5 scripts/load.sh
+#
+# Starts a private redis-server (no persistence) and the zoo (release build)
+# with ZOO_BENCH=1, pins them to one core (SERVER_CPU, default 1) and wrk to
+# another (CLIENT_CPU, default 0), and measures, for every strategy the zoo
+# serves under /strategies/{name} (examples/support/lineup.rs):
+#
+#   - /unlimited (the same handler with no limiter) and every strategy, with
+#     a budget nothing can spend (pass) and with a budget of 1 (reject: all
+#     but the first request get a 429), on the memory store and on Redis,
+#     LOAD_CONNS (64) connections;
+#   - the same passing routes at moderate load (MODERATE_CONNS, 4
+#     connections), for the latency a decision adds;
+#   - redis-benchmark EVALSHA of lua/fixed_window.lua at the same 64
+#     connections, unpipelined and -P 16: one Redis's capacity for decisions.
+#
+# Every figure is a median over LOAD_RUNS runs, and every ratio is taken
+# against /unlimited measured in the same run on the same server process.
+# Targets (BENCHMARKS.md): memory pass >= 0.95, memory reject >= 0.9,
+# Redis pass >= 0.5; p99 added at moderate load <= Redis round trip + 100 us.
+# Runs only on 127.0.0.1 and stops by itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LOAD_SECS=${LOAD_SECS:-3}
+LOAD_RUNS=${LOAD_RUNS:-3}
+LOAD_CONNS=${LOAD_CONNS:-64}
+MODERATE_CONNS=${MODERATE_CONNS:-4}
+CLIENT_CPU=${CLIENT_CPU:-0}
+SERVER_CPU=${SERVER_CPU:-1}
+PASS_LIMIT=4000000000 # per hour: nothing in a run can spend it
+load_before=$(cut -d' ' -f1 /proc/loadavg)
+
+need() {
+  command -v "$1" >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "load.sh: $1 missing, installing the Debian package $2" >&2
+    apt-get install -y -qq "$2" >/dev/null || { apt-get update -qq >/dev/null && apt-get install -y -qq "$2" >/dev/null; }
+  fi
+  command -v "$1" >/dev/null 2>&1 || { echo "load.sh: $1 is required (apt-get install $2)" >&2; exit 2; }
+}
+need wrk wrk
+need redis-server redis-server
+need redis-cli redis-tools
+need redis-benchmark redis-tools
+need taskset util-linux
+need curl curl
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+free_port() {
+  local port
+  while :; do
+    port=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
+  done
+}
+
+wait_for() { # command... : retry for up to 10 s
+  for _ in $(seq 100); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "load.sh: gave up waiting for: $*" >&2
+  return 1
+}
+
+echo "building the zoo (release)..." >&2
+cargo build --release --example zoo --quiet
+zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
+[ -x "$zoo_bin" ] || { echo "load.sh: $zoo_bin not found" >&2; exit 2; }
+
+redis_port=$(free_port)
+taskset -c "$SERVER_CPU" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' \
+  --appendonly no --dir "$work" --logfile "$work/redis.log" &
+pids+=($!)
+wait_for redis-cli -p "$redis_port" ping
+redis_url="redis://127.0.0.1:$redis_port/"
+
+cat >"$work/report.lua" <<'LUA'
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %d %d %d %d %d %d\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99), e.status,
+    e.connect + e.read + e.write + e.timeout))
+end
+LUA
+
+results="$work/results"
+: >"$results"
+
+# measure STORE OUTCOME CONNS ROUTE RUN URL: one wrk run, one line in $results.
+measure() {
+  local out
+  out=$(timeout $((LOAD_SECS + 30)) taskset -c "$CLIENT_CPU" \
+    wrk -t1 -c"$3" -d"${LOAD_SECS}s" -s "$work/report.lua" "$6" | grep '^RESULT') || {
+    echo "load.sh: wrk failed on $6" >&2
+    return 1
+  }
+  # requests duration_us p50_us p99_us non2xx socket_errors
+  set -- "$1" "$2" "$3" "$4" "$5" $out
+  echo "$1 $2 $3 $4 $5 $(awk -v r="$7" -v d="$8" 'BEGIN { printf "%.0f", r / (d / 1e6) }') $9 ${10} ${11} ${12} $7" >>"$results"
+}
+
+# serve STORE OUTCOME LIMIT: start the zoo, measure every route, stop it.
+serve() {
+  local store=$1 outcome=$2 limit=$3 port url pid names
+  port=$(free_port)
+  url="http://127.0.0.1:$port"
+  (
+    export ZOO_ADDR="127.0.0.1:$port" ZOO_BENCH=1 ZOO_LIMIT="$limit" ZOO_WINDOW_SECS=3600 RUST_LOG=warn
+    if [ "$store" = redis ]; then export REDIS_URL="$redis_url"; else unset REDIS_URL; fi
+    exec taskset -c "$SERVER_CPU" "$zoo_bin" >"$work/zoo-$store-$outcome.log" 2>&1
+  ) &
+  pid=$!
+  pids+=("$pid")
+  wait_for curl -sf "$url/strategies"
+  names=$(curl -sf "$url/strategies")
+  for name in $names; do curl -s -o /dev/null "$url/strategies/$name"; done
+  taskset -c "$CLIENT_CPU" wrk -t1 -c"$LOAD_CONNS" -d2s "$url/unlimited" >/dev/null
+  for run in $(seq "$LOAD_RUNS"); do
+    for route in unlimited $names; do
+      path=/unlimited
+      [ "$route" = unlimited ] || path="/strategies/$route"
+      measure "$store" "$outcome" "$LOAD_CONNS" "$route" "$run" "$url$path"
+      if [ "$outcome" = pass ]; then
+        measure "$store" "$outcome" "$MODERATE_CONNS" "$route" "$run" "$url$path"
+      fi
+    done
+  done
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  echo "$names" >"$work/names"
+}
+
+echo "measuring: $LOAD_RUNS run(s) of ${LOAD_SECS}s per figure, wrk on CPU $CLIENT_CPU, server and Redis on CPU $SERVER_CPU" >&2
+serve memory pass "$PASS_LIMIT"
+serve memory reject 1
+serve redis pass "$PASS_LIMIT"
+serve redis reject 1
+
+# One Redis's capacity: EVALSHA of our script, at the same connection count.
+sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cat lua/fixed_window.lua)")
+evalsha() { # pipeline
+  taskset -c "$CLIENT_CPU" redis-benchmark -p "$redis_port" -c "$LOAD_CONNS" -n 300000 -P "$1" --csv \
+    EVALSHA "$sha" 1 'bench:{redis-benchmark}:fixed_window:0' -1 1 "$PASS_LIMIT" 3600000000 |
+    awk -F'"' 'NR == 2 { printf "%.0f", $4 }'
+}
+rb_p1=$(evalsha 1)
+rb_p16=$(evalsha 16)
+# One round trip: PING from one connection, median latency in ms.
+rtt_ms=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$redis_port" -c 1 -n 20000 --csv PING |
+  awk -F'"' 'NR == 2 { print $10 }')
+
+# ---- report -----------------------------------------------------------------
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
+# fig STORE OUTCOME CONNS ROUTE FIELD: median of a field over runs
+# (fields: 6 rps, 7 p50 us, 8 p99 us, 9 non-2xx, 11 requests).
+fig() { awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" -v f="$5" '$1 == s && $2 == o && $3 == c && $4 == r { print $f }' "$results" | median; }
+# ratio STORE OUTCOME CONNS ROUTE: median over runs of rps / unlimited rps of the same run.
+ratio() {
+  awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" '
+    $1 == s && $2 == o && $3 == c && $4 == "unlimited" { base[$5] = $6 }
+    $1 == s && $2 == o && $3 == c && $4 == r { mine[$5] = $6 }
+    END { for (k in mine) if (base[k] > 0) printf "%.3f\n", mine[k] / base[k] }' "$results" | median
+}
+share() { # STORE OUTCOME CONNS ROUTE: share of responses that were not 2xx/3xx
+  awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" '$1 == s && $2 == o && $3 == c && $4 == r { n += $9; t += $11 }
+    END { if (t) printf "%.3f", n / t }' "$results"
+}
+ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }
+target() { # STORE OUTCOME
+  case "$1/$2" in memory/pass) echo 0.95 ;; memory/reject) echo 0.9 ;; redis/pass) echo 0.5 ;; *) echo - ;; esac
+}
+verdict() { # RATIO TARGET
+  [ "$2" = - ] && { echo; return; }
+  awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "yes" : "**no**") }'
+}
+
+names=$(cat "$work/names")
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+echo
+echo "## Load test, $(date -u +%Y-%m-%dT%H:%MZ)"
+echo
+echo "$(nproc) CPUs ($cpu), $(redis-server --version | awk '{ print $3 }' | sed 's/v=/Redis /'), wrk -t1 on CPU $CLIENT_CPU; zoo and Redis on CPU $SERVER_CPU."
+echo "Medians of $LOAD_RUNS runs of ${LOAD_SECS} s; ratio = req/s over /unlimited in the same run; load average before: $load_before."
+echo
+echo "### $LOAD_CONNS connections"
+echo
+echo "| store | outcome | route | req/s | ratio | target | met | p50 ms | p99 ms | non-2xx share |"
+echo "|---|---|---|---:|---:|---:|---|---:|---:|---:|"
+for store in memory redis; do
+  for outcome in pass reject; do
+    for route in unlimited $names; do
+      rps=$(fig $store $outcome "$LOAD_CONNS" "$route" 6)
+      if [ "$route" = unlimited ]; then r=1.000 t=- ok=; else
+        r=$(ratio $store $outcome "$LOAD_CONNS" "$route")
+        t=$(target $store $outcome)
+        ok=$(verdict "$r" "$t")
+      fi
+      echo "| $store | $outcome | $route | $rps | $r | $t | $ok | $(ms "$(fig $store $outcome "$LOAD_CONNS" "$route" 7)") | $(ms "$(fig $store $outcome "$LOAD_CONNS" "$route" 8)") | $(share $store $outcome "$LOAD_CONNS" "$route") |"
+    done
+  done
+done
+echo
+echo "### Latency added at moderate load ($MODERATE_CONNS connections, passing)"
+echo
+rtt_us=$(awk -v m="$rtt_ms" 'BEGIN { printf "%.0f", m * 1000 }')
+echo "Redis round trip (redis-benchmark PING, one connection, p50): ${rtt_us} us; target: p99 added <= round trip + 100 us = $((rtt_us + 100)) us."
+echo
+echo "| store | route | req/s | ratio | p50 ms | p99 ms | p99 added us | met |"
+echo "|---|---|---:|---:|---:|---:|---:|---|"
+for store in memory redis; do
+  base99=$(fig $store pass "$MODERATE_CONNS" unlimited 8)
+  for route in unlimited $names; do
+    p99=$(fig $store pass "$MODERATE_CONNS" "$route" 8)
+    if [ "$route" = unlimited ]; then r=1.000 added=0 ok=; else
+      r=$(ratio $store pass "$MODERATE_CONNS" "$route")
+      added=$((p99 - base99))
+      ok=$([ "$added" -le $((rtt_us + 100)) ] && echo yes || echo "**no**")
+    fi
+    echo "| $store | $route | $(fig $store pass "$MODERATE_CONNS" "$route" 6) | $r | $(ms "$(fig $store pass "$MODERATE_CONNS" "$route" 7)") | $(ms "$p99") | $added | $ok |"
+  done
+done
+echo
+echo "### One Redis's capacity (redis-benchmark EVALSHA fixed_window.lua, $LOAD_CONNS connections, Redis alone on CPU $SERVER_CPU)"
+echo
+echo "| pipeline | EVALSHA/s | tollgate over HTTP, Redis, pass (fixed_window) as a share |"
+echo "|---|---:|---:|"
+fw=$(fig redis pass "$LOAD_CONNS" fixed_window 6)
+for p in 1 16; do
+  v=$([ $p = 1 ] && echo "$rb_p1" || echo "$rb_p16")
+  echo "| -P $p | $v | $(awk -v a="$fw" -v b="$v" 'BEGIN { if (b > 0) printf "%.2f", a / b }') |"
+done
