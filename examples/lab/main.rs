@@ -70,7 +70,13 @@ impl Config {
         let rate: f64 = env_or("LAB_RATE", 1.0 / window.as_secs_f64().max(1e-3))?;
         let secs: u64 = env_or("LAB_SECS", 60)?;
         let seed: u64 = env_or("LAB_SEED", 1)?;
-        if callers == 0 || bursty > callers || burst == 0 || !(rate > 0.0) || secs == 0 {
+        if callers == 0
+            || bursty > callers
+            || burst == 0
+            || !rate.is_finite()
+            || rate <= 0.0
+            || secs == 0
+        {
             return Err(
                 "need LAB_CALLERS > 0, LAB_BURSTY <= LAB_CALLERS, LAB_BURST > 0, LAB_RATE > 0 and LAB_SECS > 0"
                     .into(),
