@@ -64,7 +64,9 @@ pub use headers::RateLimitHeaders;
 pub use key::{
     And, ForwardedHeader, ForwardedIp, HeaderKey, Key, KeyExtractor, Or, PeerIp, RouteKey,
 };
-pub use layer::{PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_DEADLINE};
+pub use layer::{
+    PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_COOLDOWN, DEFAULT_DEADLINE,
+};
 pub use limiter::StoreUnavailable;
 pub use quota::{Policy, Quota};
 pub use service::RateLimit;
