@@ -23,6 +23,9 @@ use crate::store::{MemoryStore, Store};
 /// How long a decision may take before the failure policy applies.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(100);
 
+/// How long the store is skipped after it failed.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_millis(500);
+
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service.
 ///
 /// Works with `Router::layer`, `Router::route_layer` and `ServiceBuilder`.
@@ -150,6 +153,7 @@ impl std::error::Error for PeekError {
 /// | [`cost`](Self::cost) | 1 per request |
 /// | [`deadline`](Self::deadline) | [`DEFAULT_DEADLINE`] (100 ms) |
 /// | [`on_store_failure`](Self::on_store_failure) | [`FailurePolicy::local`] |
+/// | [`failure_cooldown`](Self::failure_cooldown) | [`DEFAULT_COOLDOWN`] (500 ms) |
 /// | [`limited_status`](Self::limited_status) | 429 |
 /// | [`key_error_status`](Self::key_error_status) | 400 |
 /// | [`refund_when`](Self::refund_when) | status is `304 Not Modified` |
@@ -190,6 +194,7 @@ pub struct RateLimitLayerBuilder {
     headers: RateLimitHeaders,
     shadow: bool,
     access: Access,
+    cooldown: Duration,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -207,6 +212,7 @@ impl Default for RateLimitLayerBuilder {
             headers: RateLimitHeaders::default(),
             shadow: false,
             access: Access::default(),
+            cooldown: DEFAULT_COOLDOWN,
         }
     }
 }
@@ -262,6 +268,15 @@ impl RateLimitLayerBuilder {
     /// What to do when the store fails or misses the deadline.
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
+        self
+    }
+
+    /// After a store failure, apply the failure policy straight away for this
+    /// long instead of asking the store again (zero: ask every time). Keeps
+    /// requests from each waiting out the deadline while Redis is down or
+    /// drowning, and gives it room to recover.
+    pub fn failure_cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
         self
     }
 
@@ -510,6 +525,8 @@ impl RateLimitLayerBuilder {
                 headers: self.headers,
                 shadow: self.shadow,
                 access,
+                cooldown: self.cooldown,
+                skip_store_until: Default::default(),
             }),
         })
     }

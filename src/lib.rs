@@ -70,9 +70,16 @@ pub use headers::RateLimitHeaders;
 pub use key::{
     And, ForwardedHeader, ForwardedIp, HeaderKey, Key, KeyExtractor, Or, PeerIp, RouteKey,
 };
-pub use layer::{PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_DEADLINE};
+pub use layer::{
+    PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_COOLDOWN, DEFAULT_DEADLINE,
+};
 pub use limiter::StoreUnavailable;
 pub use quota::{Policy, Quota};
 pub use service::RateLimit;
 pub use store::{BoxFuture, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 pub use strategy::Strategy;
+
+/// The README's examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

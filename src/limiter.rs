@@ -1,8 +1,9 @@
 //! The request path's logic, apart from tower's plumbing: identify, decide
 //! (within a deadline, with a failure policy), and settle refunds.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -58,6 +59,16 @@ pub(crate) struct Limiter {
     pub(crate) shadow: bool,
     pub(crate) access: Access,
     pub(crate) metrics: PolicyMetrics,
+    pub(crate) cooldown: Duration,
+    /// Until when (ns since [`EPOCH`]) the main store is skipped after a failure.
+    pub(crate) skip_store_until: AtomicU64,
+}
+
+/// A process-wide monotonic origin for the breaker's timestamps.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn monotonic_nanos() -> u64 {
+    EPOCH.elapsed().as_nanos() as u64
 }
 
 /// Which store decided a request; refunds go back to the same one.
@@ -115,7 +126,9 @@ impl Limiter {
     async fn decide(&self, parts: &mut Parts, span: &tracing::Span) -> (Verdict, Outcome) {
         match self.access.check(parts) {
             None => {}
-            Some(Listed::Allowed) => return (Verdict::Pass(Pass::bare(None)), Outcome::AllowListed),
+            Some(Listed::Allowed) => {
+                return (Verdict::Pass(Pass::bare(None)), Outcome::AllowListed)
+            }
             Some(Listed::Denied) => {
                 let response = response::denied(self.limited_status, &self.policy);
                 return (Verdict::Respond(response), Outcome::DenyListed);
@@ -137,16 +150,12 @@ impl Limiter {
         }
         let cost = self.cost.as_ref().map_or(1, |f| f(parts));
 
-        let watch = Stopwatch::start();
-        let asked = self.ask(&*self.store, &key, cost).await;
-        self.metrics.store_latency(watch);
-        let (decision, decider, degraded) = match asked {
+        let (decision, decider, degraded) = match self.ask_main(&key, cost).await {
             Ok(decision) => (decision, Decider::Main, None),
             Err(err) => {
                 tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
                     "rate limit store failed; applying failure policy");
                 let kind = err.kind();
-                self.metrics.store_error(kind);
                 parts.extensions.insert(StoreUnavailable { kind });
                 match &self.failure {
                     FailurePolicy::Open => {
@@ -250,6 +259,26 @@ impl Limiter {
             Ok(result) => result.map_err(crate::PeekError::Store),
             Err(_) => Err(crate::PeekError::Store(StoreError::timeout())),
         }
+    }
+
+    /// Asks the main store, unless it failed within the cooldown: then the
+    /// failure policy applies at once instead of every request waiting out
+    /// the deadline against a store that is down or drowning.
+    async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        if monotonic_nanos() < self.skip_store_until.load(Ordering::Relaxed) {
+            return Err(StoreError::cooling_down());
+        }
+        let watch = Stopwatch::start();
+        let result = self.ask(&*self.store, key, cost).await;
+        self.metrics.store_latency(watch);
+        if let Err(err) = &result {
+            self.metrics.store_error(err.kind());
+        }
+        if result.is_err() && !self.cooldown.is_zero() {
+            let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;
+            self.skip_store_until.fetch_max(until, Ordering::Relaxed);
+        }
+        result
     }
 
     async fn ask(&self, store: &dyn Store, key: &Key, cost: u64) -> Result<Decision, StoreError> {

@@ -99,8 +99,11 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// it once after installing the recorder.
 ///
 /// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::num::NonZeroU32;
+/// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Router};
 /// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+/// use tower::ServiceExt;
 /// use tollgate::{Policy, Quota, RateLimitLayer};
 ///
 /// // At start-up, before serving:
@@ -118,9 +121,20 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
 ///     .build()
 ///     .unwrap();
-/// // Router::new().route("/metrics", get(move || async move { prometheus.render() })).layer(layer)
-/// assert!(prometheus.render().contains("# HELP tollgate_decisions_total"));
-/// # let _ = layer;
+/// let api = Router::new().route("/", get(|| async { "hi" })).route_layer(layer);
+/// // `/metrics` beside the limited routes, so scrapes are not limited:
+/// let app = api
+///     .route("/metrics", get(move || async move { prometheus.render() }))
+///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+///
+/// app.clone().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+/// let scrape = app.oneshot(Request::get("/metrics").body(Body::empty()).unwrap()).await.unwrap();
+/// let text = axum::body::to_bytes(scrape.into_body(), 1 << 20).await.unwrap();
+/// let text = std::str::from_utf8(&text).unwrap();
+/// assert!(text.contains("# HELP tollgate_decisions_total"));
+/// assert!(text.contains(r#"tollgate_decisions_total{policy="core",outcome="allowed"} 1"#));
+/// assert!(text.contains(r#"tollgate_store_latency_seconds_bucket{policy="core",le="0.1"} 1"#));
+/// # }
 /// ```
 #[cfg(feature = "metrics")]
 pub fn describe() {
@@ -342,24 +356,6 @@ mod tests {
     use super::*;
     use crate::quota::Quota;
 
-    fn value(recorder: &DebuggingRecorder, name: &str) -> Vec<(Vec<String>, DebugValue)> {
-        recorder
-            .snapshotter()
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter(|(key, ..)| key.key().name() == name)
-            .map(|(key, _, _, value)| {
-                let labels = key
-                    .key()
-                    .labels()
-                    .map(|l| format!("{}={}", l.key(), l.value()))
-                    .collect();
-                (labels, value)
-            })
-            .collect()
-    }
-
     #[test]
     fn helpers_for_other_modules_label_by_policy() {
         let policy = Policy::fixed_window("core", Quota::per_second(NonZeroU32::new(1).unwrap()));
@@ -369,13 +365,33 @@ mod tests {
             local_cache_hit(&policy);
             active_callers(&policy, 42.0);
         });
+        // One snapshot: taking one drains the recorder.
+        let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()));
+                (key.key().name().to_owned(), labels.collect(), value)
+            })
+            .collect();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let core = vec!["policy=core".to_owned()];
         assert_eq!(
-            value(&recorder, LOCAL_CACHE_HITS),
-            vec![(vec!["policy=core".to_owned()], DebugValue::Counter(2))]
+            seen,
+            vec![
+                (
+                    ACTIVE_CALLERS.to_owned(),
+                    core.clone(),
+                    DebugValue::Gauge(42.0.into())
+                ),
+                (LOCAL_CACHE_HITS.to_owned(), core, DebugValue::Counter(2)),
+            ]
         );
-        let gauge = value(&recorder, ACTIVE_CALLERS);
-        assert_eq!(gauge.len(), 1);
-        assert!(matches!(gauge[0].1, DebugValue::Gauge(v) if v.into_inner() == 42.0));
     }
 
     #[test]

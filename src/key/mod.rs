@@ -8,8 +8,8 @@ mod ip;
 mod route;
 
 pub use header::HeaderKey;
-pub use ip::{ForwardedHeader, ForwardedIp, PeerIp};
 pub(crate) use ip::{parse_networks, peer};
+pub use ip::{ForwardedHeader, ForwardedIp, PeerIp};
 pub use route::RouteKey;
 
 use std::fmt;
