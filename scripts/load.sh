@@ -13,8 +13,9 @@
 #     a budget nothing can spend (pass) and with a budget of 1 (reject: all
 #     but the first request get a 429), on the memory store and on Redis,
 #     LOAD_CONNS (64) connections;
-#   - the same passing routes at moderate load (MODERATE_CONNS, 4
-#     connections), for the latency a decision adds;
+#   - the same passing routes at moderate load (MODERATE_CONNS, 16
+#     connections, each pausing MODERATE_PAUSE_MS, 1 ms, between requests:
+#     well below capacity), for the latency a decision adds;
 #   - redis-benchmark EVALSHA of lua/fixed_window.lua at the same 64
 #     connections, unpipelined and -P 16: one Redis's capacity for decisions.
 #
@@ -29,7 +30,8 @@ cd "$(dirname "$0")/.."
 LOAD_SECS=${LOAD_SECS:-3}
 LOAD_RUNS=${LOAD_RUNS:-3}
 LOAD_CONNS=${LOAD_CONNS:-64}
-MODERATE_CONNS=${MODERATE_CONNS:-4}
+MODERATE_CONNS=${MODERATE_CONNS:-16}
+MODERATE_PAUSE_MS=${MODERATE_PAUSE_MS:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 SERVER_CPU=${SERVER_CPU:-1}
 PASS_LIMIT=4000000000 # per hour: nothing in a run can spend it
@@ -86,6 +88,10 @@ wait_for redis-cli -p "$redis_port" ping
 redis_url="redis://127.0.0.1:$redis_port/"
 
 cat >"$work/report.lua" <<'LUA'
+local pause = tonumber(os.getenv("WRK_PAUSE_MS") or "0")
+if pause > 0 then
+  delay = function() return pause end
+end
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("RESULT %d %d %d %d %d %d\n", summary.requests, summary.duration,
@@ -97,11 +103,13 @@ LUA
 results="$work/results"
 : >"$results"
 
-# measure STORE OUTCOME CONNS ROUTE RUN URL: one wrk run, one line in $results.
+# measure STORE OUTCOME LOAD ROUTE RUN URL: one wrk run, one line in $results.
+# LOAD is full (LOAD_CONNS flat out) or moderate (MODERATE_CONNS, pausing).
 measure() {
-  local out
-  out=$(timeout $((LOAD_SECS + 30)) taskset -c "$CLIENT_CPU" \
-    wrk -t1 -c"$3" -d"${LOAD_SECS}s" -s "$work/report.lua" "$6" | grep '^RESULT') || {
+  local out conns=$LOAD_CONNS pause=0
+  [ "$3" = moderate ] && conns=$MODERATE_CONNS pause=$MODERATE_PAUSE_MS
+  out=$(WRK_PAUSE_MS=$pause timeout $((LOAD_SECS + 30)) taskset -c "$CLIENT_CPU" \
+    wrk -t1 -c"$conns" -d"${LOAD_SECS}s" -s "$work/report.lua" "$6" | grep '^RESULT') || {
     echo "load.sh: wrk failed on $6" >&2
     return 1
   }
@@ -130,9 +138,9 @@ serve() {
     for route in unlimited $names; do
       path=/unlimited
       [ "$route" = unlimited ] || path="/strategies/$route"
-      measure "$store" "$outcome" "$LOAD_CONNS" "$route" "$run" "$url$path"
+      measure "$store" "$outcome" full "$route" "$run" "$url$path"
       if [ "$outcome" = pass ]; then
-        measure "$store" "$outcome" "$MODERATE_CONNS" "$route" "$run" "$url$path"
+        measure "$store" "$outcome" moderate "$route" "$run" "$url$path"
       fi
     done
   done
@@ -162,17 +170,17 @@ rtt_ms=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$redis_port" -c 1 -n 20000
 
 # ---- report -----------------------------------------------------------------
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
-# fig STORE OUTCOME CONNS ROUTE FIELD: median of a field over runs
+# fig STORE OUTCOME LOAD ROUTE FIELD: median of a field over runs
 # (fields: 6 rps, 7 p50 us, 8 p99 us, 9 non-2xx, 11 requests).
 fig() { awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" -v f="$5" '$1 == s && $2 == o && $3 == c && $4 == r { print $f }' "$results" | median; }
-# ratio STORE OUTCOME CONNS ROUTE: median over runs of rps / unlimited rps of the same run.
+# ratio STORE OUTCOME LOAD ROUTE: median over runs of rps / unlimited rps of the same run.
 ratio() {
   awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" '
     $1 == s && $2 == o && $3 == c && $4 == "unlimited" { base[$5] = $6 }
     $1 == s && $2 == o && $3 == c && $4 == r { mine[$5] = $6 }
     END { for (k in mine) if (base[k] > 0) printf "%.3f\n", mine[k] / base[k] }' "$results" | median
 }
-share() { # STORE OUTCOME CONNS ROUTE: share of responses that were not 2xx/3xx
+share() { # STORE OUTCOME LOAD ROUTE: share of responses that were not 2xx/3xx
   awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" '$1 == s && $2 == o && $3 == c && $4 == r { n += $9; t += $11 }
     END { if (t) printf "%.3f", n / t }' "$results"
 }
@@ -200,18 +208,18 @@ echo "|---|---|---|---:|---:|---:|---|---:|---:|---:|"
 for store in memory redis; do
   for outcome in pass reject; do
     for route in unlimited $names; do
-      rps=$(fig $store $outcome "$LOAD_CONNS" "$route" 6)
+      rps=$(fig $store $outcome full "$route" 6)
       if [ "$route" = unlimited ]; then r=1.000 t=- ok=; else
-        r=$(ratio $store $outcome "$LOAD_CONNS" "$route")
+        r=$(ratio $store $outcome full "$route")
         t=$(target $store $outcome)
         ok=$(verdict "$r" "$t")
       fi
-      echo "| $store | $outcome | $route | $rps | $r | $t | $ok | $(ms "$(fig $store $outcome "$LOAD_CONNS" "$route" 7)") | $(ms "$(fig $store $outcome "$LOAD_CONNS" "$route" 8)") | $(share $store $outcome "$LOAD_CONNS" "$route") |"
+      echo "| $store | $outcome | $route | $rps | $r | $t | $ok | $(ms "$(fig $store $outcome full "$route" 7)") | $(ms "$(fig $store $outcome full "$route" 8)") | $(share $store $outcome full "$route") |"
     done
   done
 done
 echo
-echo "### Latency added at moderate load ($MODERATE_CONNS connections, passing)"
+echo "### Latency added at moderate load ($MODERATE_CONNS connections pausing ${MODERATE_PAUSE_MS} ms between requests, passing)"
 echo
 rtt_us=$(awk -v m="$rtt_ms" 'BEGIN { printf "%.0f", m * 1000 }')
 echo "Redis round trip (redis-benchmark PING, one connection, p50): ${rtt_us} us; target: p99 added <= round trip + 100 us = $((rtt_us + 100)) us."
@@ -219,15 +227,15 @@ echo
 echo "| store | route | req/s | ratio | p50 ms | p99 ms | p99 added us | met |"
 echo "|---|---|---:|---:|---:|---:|---:|---|"
 for store in memory redis; do
-  base99=$(fig $store pass "$MODERATE_CONNS" unlimited 8)
+  base99=$(fig $store pass moderate unlimited 8)
   for route in unlimited $names; do
-    p99=$(fig $store pass "$MODERATE_CONNS" "$route" 8)
+    p99=$(fig $store pass moderate "$route" 8)
     if [ "$route" = unlimited ]; then r=1.000 added=0 ok=; else
-      r=$(ratio $store pass "$MODERATE_CONNS" "$route")
+      r=$(ratio $store pass moderate "$route")
       added=$((p99 - base99))
       ok=$([ "$added" -le $((rtt_us + 100)) ] && echo yes || echo "**no**")
     fi
-    echo "| $store | $route | $(fig $store pass "$MODERATE_CONNS" "$route" 6) | $r | $(ms "$(fig $store pass "$MODERATE_CONNS" "$route" 7)") | $(ms "$p99") | $added | $ok |"
+    echo "| $store | $route | $(fig $store pass moderate "$route" 6) | $r | $(ms "$(fig $store pass moderate "$route" 7)") | $(ms "$p99") | $added | $ok |"
   done
 done
 echo
@@ -235,7 +243,7 @@ echo "### One Redis's capacity (redis-benchmark EVALSHA fixed_window.lua, $LOAD_
 echo
 echo "| pipeline | EVALSHA/s | tollgate over HTTP, Redis, pass (fixed_window) as a share |"
 echo "|---|---:|---:|"
-fw=$(fig redis pass "$LOAD_CONNS" fixed_window 6)
+fw=$(fig redis pass full fixed_window 6)
 for p in 1 16; do
   v=$([ $p = 1 ] && echo "$rb_p1" || echo "$rb_p16")
   echo "| -P $p | $v | $(awk -v a="$fw" -v b="$v" 'BEGIN { if (b > 0) printf "%.2f", a / b }') |"
