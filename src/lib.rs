@@ -50,6 +50,7 @@ mod key;
 mod layer;
 mod limiter;
 mod quota;
+mod release;
 mod response;
 mod service;
 mod store;
