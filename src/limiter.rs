@@ -180,7 +180,9 @@ impl Limiter {
             return;
         };
         // A held slot (concurrency) is given back when the body ends, by its
-        // release guard, whatever the status: refunding here too would free it twice.
+        // release guard, whatever the status. Releasing here as well would be
+        // harmless (releases are by id) but a second round trip, and would
+        // free the slot before the response is sent.
         let held = self.policy.strategy().holds_until_response_ends();
         if (self.refund_when)(status) && !decision.receipt.is_empty() && !held {
             let store = self.store_for(decider);
