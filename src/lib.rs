@@ -49,6 +49,7 @@ mod headers;
 mod key;
 mod layer;
 mod limiter;
+pub mod queue;
 mod quota;
 mod release;
 mod response;

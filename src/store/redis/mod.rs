@@ -1,7 +1,7 @@
 //! The Redis store: one script call, one round trip, per decision.
 
 mod connection;
-mod reply;
+pub(crate) mod reply;
 pub(crate) mod script;
 
 use std::sync::Arc;
