@@ -79,6 +79,16 @@ pub trait WorkQueue: Send + Sync + fmt::Debug + 'static {
     fn spec(&self) -> &QueueSpec;
 }
 
+impl<Q: WorkQueue + ?Sized> WorkQueue for std::sync::Arc<Q> {
+    fn push<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Result<Pushed, StoreError>> {
+        (**self).push(job)
+    }
+
+    fn spec(&self) -> &QueueSpec {
+        (**self).spec()
+    }
+}
+
 /// What a [`WorkQueue::push`] answered.
 ///
 /// ```
