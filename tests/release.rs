@@ -399,3 +399,93 @@ async fn futures_join_all<F: Future<Output = Result<Response<Body>, std::convert
     .await;
     out.into_iter().map(Option::unwrap).collect()
 }
+
+// ------------------------------------------------------------------- in Redis
+
+/// Client-sent `calls` per command, from `INFO commandstats` (commands run
+/// by scripts are counted too, so only EVALSHA-family ones are kept).
+fn evalsha_calls(server: &support::redis::RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha"))
+        .filter_map(|l| l.split(',').find_map(|kv| kv.split_once("calls=")))
+        .map(|(_, n)| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+fn all_calls(server: &support::redis::RedisServer) -> Vec<String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .map(|l| l.split(':').next().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn each_decision_and_each_give_back_is_one_evalsha_and_every_key_expires() {
+    let server = support::redis::RedisServer::start();
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let store = RedisStore::from_manager(conn).build().unwrap();
+    let leaky = Policy::leaky_bucket(
+        "feeding",
+        Quota::per_second(NonZeroU32::new(10).unwrap()),
+        NonZeroU32::new(50).unwrap(),
+    );
+    let slots = Policy::concurrency(
+        "keepers",
+        NonZeroU32::new(5).unwrap(),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let key = Key::new("bob");
+    // Load each script once (NOSCRIPT, SCRIPT LOAD, retry).
+    for policy in [&leaky, &slots] {
+        let d = store.check(policy, &key, 1).await.unwrap();
+        store.refund(policy, &key, &d.receipt).await.unwrap();
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.conn())
+        .unwrap();
+
+    for _ in 0..10 {
+        let d = store.check(&leaky, &key, 1).await.unwrap();
+        assert!(d.allowed);
+        store.refund(&leaky, &key, &d.receipt).await.unwrap();
+        let d = store.check(&slots, &key, 1).await.unwrap();
+        assert!(d.allowed);
+        store.refund(&slots, &key, &d.receipt).await.unwrap();
+    }
+    assert_eq!(evalsha_calls(&server), 40);
+    let held = store.check(&leaky, &key, 3).await.unwrap();
+    let slot = store.check(&slots, &key, 1).await.unwrap();
+    assert!(held.allowed && slot.allowed);
+
+    let mut conn = server.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for k in keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).unwrap();
+        if k.contains(":leaky_bucket:") {
+            // Three places at 100 ms each, plus the one-second grace.
+            assert!((1_000..=1_300).contains(&ttl), "{k}: {ttl}");
+        } else {
+            assert!((29_000..=30_000).contains(&ttl), "{k}: {ttl}");
+        }
+    }
+    let calls = all_calls(&server);
+    assert!(
+        !calls.iter().any(|c| c.starts_with("script")),
+        "no reloads: {calls:?}"
+    );
+}

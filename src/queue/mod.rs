@@ -1,7 +1,7 @@
 //! The leaky bucket as a work queue: admit requests into a bounded queue,
 //! answer at once, and let workers drain it at the rate they choose.
 //!
-//! Where [`Strategy::LeakyBucket`](crate::Strategy::LeakyBucket) makes each
+//! Where [`Strategy::LeakyBucket`] makes each
 //! request *wait* for its turn, a work queue takes the request's details and
 //! lets it go: [`QueueLayer`] appends them to a bounded queue (one atomic
 //! script checks the length and appends) and calls your handler, which

@@ -254,10 +254,12 @@ impl StreamProcessor {
         let Some(interval) = self.options.interval else {
             return;
         };
-        let now = Instant::now();
-        let start = self.next_start.map_or(now, |t| t.max(now));
-        tokio::time::sleep_until(start).await;
-        self.next_start = Some(start + interval);
+        if let Some(start) = self.next_start {
+            tokio::time::sleep_until(start).await;
+        }
+        // From when this entry really starts: a late timer never lets the
+        // next one start sooner than one interval after it.
+        self.next_start = Some(Instant::now() + interval);
     }
 
     /// Works until `shutdown` completes: each entry goes to `handler` (at
@@ -337,8 +339,9 @@ async fn shutdown_ready(shutdown: &mut std::pin::Pin<&mut impl Future<Output = (
 }
 
 impl StreamProcessorBuilder {
-    /// Handles at most `rate.limit()` entries per `rate.window()`, evenly
-    /// spaced (the same rounding as the leaky bucket: never faster).
+    /// Handles at most `rate.limit()` entries per `rate.window()`: each
+    /// entry starts at least `window / limit` after the one before (rounded
+    /// up to the microsecond, as the leaky bucket does).
     pub fn rate(mut self, rate: Quota) -> Self {
         self.options.interval = Some(Duration::from_micros(interval_micros(&rate)));
         self

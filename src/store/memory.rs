@@ -25,10 +25,12 @@ const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 /// `MemoryStore` each allow twice the limit between them. Use
 /// [`RedisStore`](crate::RedisStore) to share limits.
 ///
-/// **Memory.** Entries live until one second after their window ends, like the
-/// Redis keys; each shard drops expired entries at most once per second of its
-/// clock, when it is next used. Memory is bounded by the callers active within
-/// a window plus one second.
+/// **Memory.** Entries expire like the Redis keys: a fixed window one second
+/// after it ends, a leaky bucket one second after it empties, a concurrency
+/// set one timeout after its last admission (and it never holds more than
+/// `limit` slots). Each shard drops expired entries at most once per second
+/// of its clock, when it is next used. Memory is bounded by the callers
+/// active within that time.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {

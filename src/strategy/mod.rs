@@ -38,6 +38,8 @@ pub enum Strategy {
     /// bucket holding `capacity` requests is rejected; any other waits for
     /// its turn (the layer sleeps without blocking the runtime) and then
     /// proceeds. A burst of `capacity` is accepted, spaced out by the rate.
+    /// The longest wait is `capacity - 1` intervals: keep your server's and
+    /// clients' request timeouts above it.
     ///
     /// `Limit` is `capacity`, `Remaining` the free places in the bucket,
     /// `Used` the places taken (requests waiting or leaving), `Reset` when the
@@ -45,9 +47,10 @@ pub enum Strategy {
     /// request fits. The decision's [`delay`](crate::Decision::delay) is the
     /// wait.
     ///
-    /// Costs one `EVALSHA` (`GET`, and for a pass `SET .. PX`) and one string
-    /// (the time the bucket empties, µs) per key, expiring a second after
-    /// the bucket empties. Build with
+    /// Costs one `EVALSHA` (`GET`, and for a pass `SET .. PX`), one more to
+    /// give a place back, and one string per key (the time the bucket
+    /// empties, µs; about 100 bytes), expiring a second after the bucket
+    /// empties. Build with
     /// [`Policy::leaky_bucket`](crate::Policy::leaky_bucket).
     LeakyBucket {
         /// How many requests the bucket holds: the longest wait is
@@ -71,7 +74,8 @@ pub enum Strategy {
     /// Costs one `EVALSHA` per request (`ZREMRANGEBYSCORE`, `ZCOUNT`, two
     /// `ZRANGEBYSCORE`, and for a pass `ZADD` + `PEXPIRE`) and one for the
     /// release (`ZREM`); one sorted set per key holding at most `limit`
-    /// members (about 60 bytes each), expiring one timeout after the last
+    /// members (about 150 bytes for one, 30 more per slot up to 128 slots,
+    /// about 120 per slot beyond), expiring one timeout after the last
     /// admission. Build with [`Policy::concurrency`](crate::Policy::concurrency).
     Concurrency,
 }
