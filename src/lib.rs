@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod access;
 mod clock;
 mod decision;
 mod error;
@@ -49,6 +50,10 @@ mod headers;
 mod key;
 mod layer;
 mod limiter;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 pub mod queue;
 mod quota;
 mod release;
@@ -57,6 +62,7 @@ mod service;
 mod store;
 mod strategy;
 
+pub use access::ClientIp;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Receipt};
 pub use error::{ConfigError, KeyError, StoreError, StoreErrorKind};

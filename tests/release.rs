@@ -157,6 +157,42 @@ async fn a_client_that_leaves_while_waiting_gives_its_place_back() {
     assert_eq!(d.reset_at_micros, T0 + 100_000);
 }
 
+#[tokio::test(start_paused = true)]
+async fn in_shadow_mode_the_leaky_bucket_records_the_wait_but_never_serves_it() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::leaky_bucket(
+            "feeding",
+            Quota::per_second(NonZeroU32::new(1).unwrap()),
+            NonZeroU32::new(3).unwrap(),
+        ))
+        .store(store)
+        .shadow(true)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(
+                |axum::Extension(d): axum::Extension<tollgate::Decision>| async move {
+                    d.delay.unwrap_or_default().as_millis().to_string()
+                },
+            ),
+        )
+        .layer(layer)
+        .layer(MockConnectInfo(SocketAddr::from((PEER, 1))));
+    let t0 = tokio::time::Instant::now();
+    let mut recorded = Vec::new();
+    for _ in 0..3 {
+        let res = app.clone().oneshot(get_root()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(res.into_body(), 64).await.unwrap();
+        recorded.push(String::from_utf8(body.to_vec()).unwrap());
+    }
+    assert_eq!(recorded, ["0", "1000", "2000"], "the waits are recorded");
+    assert_eq!(t0.elapsed(), Duration::ZERO, "and none was served");
+}
+
 // ------------------------------------------------------------ concurrency limit
 
 /// A response body that sends one chunk when its trigger fires, then ends.
