@@ -54,7 +54,9 @@ mod limiter;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+pub mod queue;
 mod quota;
+mod release;
 mod response;
 mod service;
 mod store;

@@ -14,7 +14,7 @@ pub struct Line<'a> {
     pub color: RGBColor,
 }
 
-/// Draws `lines` against a flat `limit` line (units per second) into `path`.
+/// Draws `lines` (one point per second, at its middle) against a dashed `limit` line (units per second) into `path`.
 pub fn draw(path: &Path, title: &str, lines: &[Line<'_>], limit: f64) -> Result<(), String> {
     let secs = lines
         .iter()
@@ -48,29 +48,32 @@ pub fn draw(path: &Path, title: &str, lines: &[Line<'_>], limit: f64) -> Result<
         .draw()
         .map_err(|e| e.to_string())?;
 
+    // The limit first, dashed, so that a strategy sitting on it stays visible.
+    let red = RGBColor(220, 30, 30);
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(0.0, limit), (secs as f64, limit)],
+            10,
+            6,
+            red.stroke_width(2),
+        ))
+        .map_err(|e| e.to_string())?
+        .label(format!("limit ({limit:.0}/s)"))
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], red.stroke_width(2)));
     for line in lines {
         let color = line.color;
-        // Steps: each second's count held across that second.
+        // Each second's count at the middle of that second.
         let points = line
             .per_sec
             .iter()
             .enumerate()
-            .flat_map(|(s, &n)| [(s as f64, n as f64), (s as f64 + 1.0, n as f64)]);
+            .map(|(s, &n)| (s as f64 + 0.5, n as f64));
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))
             .map_err(|e| e.to_string())?
             .label(line.label.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    let red = RGBColor(220, 30, 30);
-    chart
-        .draw_series(LineSeries::new(
-            [(0.0, limit), (secs as f64, limit)],
-            red.stroke_width(3),
-        ))
-        .map_err(|e| e.to_string())?
-        .label(format!("limit ({limit:.0}/s)"))
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], red.stroke_width(3)));
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)

@@ -19,8 +19,13 @@
 //! Environment (defaults in brackets): `LAB_LIMIT` [10] per `LAB_WINDOW_MS`
 //! [1000]; `LAB_CALLERS` [2 x limit]; `LAB_BURSTY` bursty callers [half];
 //! `LAB_BURST` requests per burst [5]; `LAB_RATE` requests per second each
-//! caller offers on average [one per window]; `LAB_SECS` [60]; `LAB_SEED`
-//! [1]; `LAB_OUT` [lab-out]; `REDIS_URL` [unset: memory store].
+//! caller offers on average [one per window]; `LAB_HOLD_MS` how long an
+//! admitted request keeps its concurrency slot [one window]; `LAB_SECS`
+//! [60]; `LAB_SEED` [1]; `LAB_OUT` [lab-out]; `REDIS_URL` [unset: memory].
+//!
+//! A leaky bucket's admission counts when the request leaves the bucket
+//! (after its wait), and a concurrency slot is given back `LAB_HOLD_MS`
+//! after admission, in time order with the arrivals.
 
 mod chart;
 mod crowd;
@@ -29,13 +34,18 @@ mod events;
 mod lineup;
 mod stats;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{Clock, Key, ManualClock, MemoryStore, Quota, RedisStore, Store, SystemClock};
+use tollgate::{
+    Clock, Key, ManualClock, MemoryStore, Policy, Quota, Receipt, RedisStore, Store, Strategy,
+    SystemClock,
+};
 
 use crate::crowd::Crowd;
 use crate::events::{Event, Log};
@@ -45,6 +55,8 @@ use crate::stats::Summary;
 struct Config {
     limit: u32,
     window: Duration,
+    /// How long an admitted request keeps a concurrency slot.
+    hold: Duration,
     crowd: Crowd,
     out: PathBuf,
     redis_url: Option<String>,
@@ -70,6 +82,7 @@ impl Config {
         let rate: f64 = env_or("LAB_RATE", 1.0 / window.as_secs_f64().max(1e-3))?;
         let secs: u64 = env_or("LAB_SECS", 60)?;
         let seed: u64 = env_or("LAB_SEED", 1)?;
+        let hold = Duration::from_millis(env_or("LAB_HOLD_MS", window.as_millis() as u64)?);
         if callers == 0
             || bursty > callers
             || burst == 0
@@ -90,6 +103,7 @@ impl Config {
         Ok(Self {
             limit,
             window,
+            hold,
             crowd: Crowd {
                 callers,
                 bursty,
@@ -179,7 +193,6 @@ async fn run() -> Result<(), String> {
     let config = Config::from_env()?;
     let backend = Backend::open(&config).await?;
     let arrivals = config.crowd.arrivals();
-    let resource = Key::new("tigerfeeding");
     // Real time as the start, so that Redis expiries stay sensible.
     let start = SystemClock.now_micros();
     std::fs::create_dir_all(&config.out)
@@ -189,20 +202,11 @@ async fn run() -> Result<(), String> {
     for policy in lineup::lineup(config.quota()) {
         let clock = ManualClock::new(start);
         let (store, mut log) = backend.open_run(policy.name(), clock.clone()).await?;
-        for arrival in &arrivals {
-            clock.set(start + arrival.at);
-            let decision = store
-                .check(&policy, &resource, 1)
-                .await
-                .map_err(|e| format!("{}: {e}", policy.name()))?;
-            log.record(Event {
-                at: arrival.at,
-                caller: arrival.caller,
-                admitted: decision.allowed,
-            })
-            .await
-            .map_err(|e| format!("recording an event: {e}"))?;
-        }
+        simulate(
+            &config, &policy, &*store, &clock, start, &arrivals, &mut log,
+        )
+        .await
+        .map_err(|e| format!("{}: {e}", policy.name()))?;
         let events = log
             .read_all()
             .await
@@ -267,6 +271,58 @@ async fn run() -> Result<(), String> {
         "\ncharts: {}/{{overlay,<strategy>}}.svg",
         config.out.display()
     );
+    Ok(())
+}
+
+/// Runs the crowd against one strategy, recording every decision in `log`.
+///
+/// A leaky bucket's admitted request is recorded when it leaves the bucket
+/// (arrival plus its wait); a concurrency slot is given back `config.hold`
+/// after admission, in time order with the arrivals.
+async fn simulate(
+    config: &Config,
+    policy: &Policy,
+    store: &dyn Store,
+    clock: &ManualClock,
+    start: u64,
+    arrivals: &[crowd::Arrival],
+    log: &mut Log,
+) -> Result<(), String> {
+    let resource = Key::new("tigerfeeding");
+    let holds = matches!(policy.strategy(), Strategy::Concurrency);
+    let hold = config.hold.as_micros() as u64;
+    let mut releases: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut held: Vec<Receipt> = Vec::new();
+    for arrival in arrivals {
+        while let Some(&Reverse((at, i))) = releases.peek() {
+            if at > arrival.at {
+                break;
+            }
+            releases.pop();
+            clock.set(start + at);
+            store
+                .refund(policy, &resource, &held[i])
+                .await
+                .map_err(|e| format!("releasing a slot: {e}"))?;
+        }
+        clock.set(start + arrival.at);
+        let decision = store
+            .check(policy, &resource, 1)
+            .await
+            .map_err(|e| e.to_string())?;
+        let wait = decision.delay.map_or(0, |d| d.as_micros() as u64);
+        if decision.allowed && holds {
+            releases.push(Reverse((arrival.at + hold, held.len())));
+            held.push(decision.receipt.clone());
+        }
+        log.record(Event {
+            at: arrival.at + wait,
+            caller: arrival.caller,
+            admitted: decision.allowed,
+        })
+        .await
+        .map_err(|e| format!("recording an event: {e}"))?;
+    }
     Ok(())
 }
 

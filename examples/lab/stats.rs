@@ -23,16 +23,18 @@ pub struct Summary {
     pub bursty_mean: f64,
 }
 
-/// Aggregates `events` (in time order) for `callers` callers over `secs`
-/// seconds; `window` is the quota's window in µs; callers below `bursty`
-/// are the bursty ones.
+/// Aggregates `events` for `callers` callers over at least `secs` seconds
+/// (longer when a shaped request left the bucket after the end); `window` is
+/// the quota's window in µs; callers below `bursty` are the bursty ones.
 pub fn summarize(events: &[Event], callers: u32, bursty: u32, secs: usize, window: u64) -> Summary {
+    let last = events.iter().map(|e| (e.at / 1_000_000) as usize + 1).max();
+    let secs = secs.max(last.unwrap_or(0));
     let mut admitted_per_sec = vec![0; secs];
     let mut rejected_per_sec = vec![0; secs];
     let mut per_caller = vec![0u64; callers as usize];
     let mut times = Vec::new();
     for e in events {
-        let sec = ((e.at / 1_000_000) as usize).min(secs.saturating_sub(1));
+        let sec = (e.at / 1_000_000) as usize;
         if e.admitted {
             admitted_per_sec[sec] += 1;
             if let Some(n) = per_caller.get_mut(e.caller as usize) {
