@@ -2,7 +2,8 @@
 //!
 //! - `memory_single_key`, `memory_100k_keys`, `memory_rejecting`: the memory
 //!   store's `check`, on one hot key, round-robin over 100,000 keys, and on a
-//!   key whose budget is spent.
+//!   key whose budget is spent. For the concurrency limit a passing decision
+//!   is a check and the release of its slot, as a request makes them.
 //! - `layer`: a request through an axum `Router` in-process (no sockets) with
 //!   no limiter, with a limiter that passes, and with one that rejects; the
 //!   handler is the zoo's.
@@ -43,7 +44,7 @@ use axum::{body::Body, Json, Router};
 use criterion::{Bencher, Criterion, Throughput};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
-use tollgate::{Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store};
+use tollgate::{Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store, Strategy};
 use tower::ServiceExt;
 
 /// Criterion's samples per benchmark; the summary keeps the last this many.
@@ -141,7 +142,8 @@ fn memory(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for policy in lineup::lineup(tight()) {
         let store = MemoryStore::new();
-        decide_now(&store, &policy, &hot);
+        // Spend the budget of 1 (a concurrency slot stays held).
+        store.check(&policy, &hot, 1).now_or_never().unwrap().unwrap();
         let id = format!("memory_rejecting/{}", policy.name());
         group.bench_function(policy.name(), |b| {
             sampled(b, id.clone(), |iters| {
@@ -156,14 +158,29 @@ fn memory(c: &mut Criterion) {
     group.finish();
 }
 
-/// The memory store answers without waiting; anything else is a bug here.
+/// One decision, as a request makes it: a concurrency slot taken on a pass
+/// is given back, as the layer does when the response ends. The memory
+/// store answers without waiting; anything else is a bug here.
 fn decide_now(store: &MemoryStore, policy: &Policy, key: &Key) -> bool {
-    store
+    let decision = store
         .check(policy, key, 1)
         .now_or_never()
         .expect("the memory store decides without waiting")
-        .expect("the memory store does not fail")
-        .allowed
+        .expect("the memory store does not fail");
+    if decision.allowed && holds(policy) {
+        store
+            .refund(policy, key, &decision.receipt)
+            .now_or_never()
+            .expect("the memory store releases without waiting")
+            .expect("the memory store does not fail");
+    }
+    decision.allowed
+}
+
+/// Whether a pass holds its charge until the response ends (and a decision
+/// therefore costs a check and a release).
+fn holds(policy: &Policy) -> bool {
+    matches!(policy.strategy(), Strategy::Concurrency)
 }
 
 /// The zoo's limited handler, so the layer's cost is measured against the
@@ -200,7 +217,10 @@ fn layer(c: &mut Criterion) {
             for _ in 0..iters {
                 let response = app.clone().oneshot(request()).await.unwrap();
                 debug_assert_eq!(response.status(), expect);
-                black_box(response);
+                drop(black_box(response));
+                // Lets a concurrency slot's release (a spawned task) run, as
+                // a server's runtime would; the same for every variant.
+                tokio::task::yield_now().await;
             }
             start.elapsed()
         })
@@ -214,6 +234,7 @@ fn layer(c: &mut Criterion) {
             serve(&bare, StatusCode::OK, iters)
         })
     });
+    let mut held = Vec::new();
     for (how, quota, status) in [
         ("pass", roomy(), StatusCode::OK),
         ("reject", tight(), StatusCode::TOO_MANY_REQUESTS),
@@ -226,8 +247,10 @@ fn layer(c: &mut Criterion) {
                 .build()
                 .unwrap();
             let app = Router::new().route("/t", get(tigerfeeding).layer(limit));
-            // Spend the tight budget so that every measured call is a 429.
-            rt.block_on(app.clone().oneshot(request())).unwrap();
+            // Spend the tight budget so that every measured call is a 429
+            // (a concurrency slot stays held: the response is kept).
+            let first = rt.block_on(app.clone().oneshot(request())).unwrap();
+            held.push(first);
             group.bench_function(&name, |b| {
                 sampled(b, format!("layer/{name}"), |iters| {
                     serve(&app, status, iters)
@@ -312,9 +335,14 @@ fn redis(c: &mut Criterion) {
     }
 }
 
-/// One check that must pass (the benchmark budgets cannot be spent).
+/// One check that must pass (the benchmark budgets cannot be spent), and
+/// the release of a concurrency slot: two round trips for that strategy.
 async fn passes(store: &RedisStore, policy: &Policy, key: &Key) {
-    assert!(store.check(policy, key, 1).await.unwrap().allowed);
+    let decision = store.check(policy, key, 1).await.unwrap();
+    assert!(decision.allowed);
+    if holds(policy) {
+        store.refund(policy, key, &decision.receipt).await.unwrap();
+    }
 }
 
 /// Runs `iters` futures from `make`, keeping `window` of them in flight, and
