@@ -83,7 +83,8 @@ zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
 redis_port=$(free_port)
 taskset -c "$SERVER_CPU" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' \
   --appendonly no --dir "$work" --logfile "$work/redis.log" &
-pids+=($!)
+redis_pid=$!
+pids+=("$redis_pid")
 wait_for redis-cli -p "$redis_port" ping
 redis_url="redis://127.0.0.1:$redis_port/"
 
@@ -103,19 +104,40 @@ LUA
 results="$work/results"
 : >"$results"
 
+clk_tck=$(getconf CLK_TCK)
+# ticks PID...: CPU time (user + system, clock ticks) these processes have used.
+ticks() {
+  local t=0 p
+  for p in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done
+  echo "$t"
+}
+
 # measure STORE OUTCOME LOAD ROUTE RUN URL: one wrk run, one line in $results.
 # LOAD is full (LOAD_CONNS flat out) or moderate (MODERATE_CONNS, pausing).
+# Besides wall-clock req/s it records the CPU time the system under test
+# used (the zoo, plus Redis for the Redis store): requests per CPU-second is
+# what req/s would be on a core of its own, whatever else the machine runs.
 measure() {
-  local out conns=$LOAD_CONNS pause=0
+  local out conns=$LOAD_CONNS pause=0 procs=$zoo_pid before after
   [ "$3" = moderate ] && conns=$MODERATE_CONNS pause=$MODERATE_PAUSE_MS
+  [ "$1" = redis ] && procs="$zoo_pid $redis_pid"
+  before=$(ticks $procs)
   out=$(WRK_PAUSE_MS=$pause timeout $((LOAD_SECS + 30)) taskset -c "$CLIENT_CPU" \
     wrk -t1 -c"$conns" -d"${LOAD_SECS}s" -s "$work/report.lua" "$6" | grep '^RESULT') || {
     echo "load.sh: wrk failed on $6" >&2
     return 1
   }
+  after=$(ticks $procs)
   # requests duration_us p50_us p99_us non2xx socket_errors
   set -- "$1" "$2" "$3" "$4" "$5" $out
-  echo "$1 $2 $3 $4 $5 $(awk -v r="$7" -v d="$8" 'BEGIN { printf "%.0f", r / (d / 1e6) }') $9 ${10} ${11} ${12} $7" >>"$results"
+  # fields: store outcome load route run rps p50_us p99_us non2xx socket_errors
+  #         requests cpu_ms rps_per_cpu_second
+  awk -v head="$1 $2 $3 $4 $5" -v r="$7" -v d="$8" -v p50="$9" -v p99="${10}" -v n="${11}" \
+    -v e="${12}" -v t="$((after - before))" -v hz="$clk_tck" 'BEGIN {
+      cpu = t / hz
+      printf "%s %.0f %d %d %d %d %d %.0f %.0f\n", head, r / (d / 1e6), p50, p99, n, e, r,
+        cpu * 1000, (cpu > 0 ? r / cpu : 0)
+    }' >>"$results"
 }
 
 # serve STORE OUTCOME LIMIT: start the zoo, measure every route, stop it.
@@ -129,8 +151,12 @@ serve() {
     exec taskset -c "$SERVER_CPU" "$zoo_bin" >"$work/zoo-$store-$outcome.log" 2>&1
   ) &
   pid=$!
+  zoo_pid=$pid
   pids+=("$pid")
-  wait_for curl -sf "$url/strategies"
+  wait_for curl -sf "$url/strategies" || {
+    cat "$work/zoo-$store-$outcome.log" >&2
+    exit 1
+  }
   names=$(curl -sf "$url/strategies")
   for name in $names; do curl -s -o /dev/null "$url/strategies/$name"; done
   taskset -c "$CLIENT_CPU" wrk -t1 -c"$LOAD_CONNS" -d2s "$url/unlimited" >/dev/null
@@ -157,32 +183,41 @@ serve redis reject 1
 
 # One Redis's capacity: EVALSHA of our script, at the same connection count.
 sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cat lua/fixed_window.lua)")
-evalsha() { # pipeline
-  taskset -c "$CLIENT_CPU" redis-benchmark -p "$redis_port" -c "$LOAD_CONNS" -n 300000 -P "$1" --csv \
+evalsha() { # PIPELINE: prints "EVALSHA/s EVALSHA-per-Redis-CPU-second"
+  local before after rate n=300000
+  before=$(ticks "$redis_pid")
+  rate=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$redis_port" -c "$LOAD_CONNS" -n $n -P "$1" --csv \
     EVALSHA "$sha" 1 'bench:{redis-benchmark}:fixed_window:0' -1 1 "$PASS_LIMIT" 3600000000 |
-    awk -F'"' 'NR == 2 { printf "%.0f", $4 }'
+    awk -F'"' 'NR == 2 { printf "%.0f", $4 }')
+  after=$(ticks "$redis_pid")
+  awk -v r="$rate" -v n=$n -v t=$((after - before)) -v hz="$clk_tck" \
+    'BEGIN { printf "%s %.0f\n", r, (t > 0 ? n / (t / hz) : 0) }'
 }
-rb_p1=$(evalsha 1)
-rb_p16=$(evalsha 16)
+read -r rb_p1 rb_p1_cpu <<<"$(evalsha 1)"
+read -r rb_p16 rb_p16_cpu <<<"$(evalsha 16)"
 # One round trip: PING from one connection, median latency in ms.
 rtt_ms=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$redis_port" -c 1 -n 20000 --csv PING |
   awk -F'"' 'NR == 2 { print $10 }')
 
 # ---- report -----------------------------------------------------------------
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
-# fig STORE OUTCOME LOAD ROUTE FIELD: median of a field over runs
-# (fields: 6 rps, 7 p50 us, 8 p99 us, 9 non-2xx, 11 requests).
+# fig STORE OUTCOME LOAD ROUTE FIELD: median of a field over runs (fields: 6
+# req/s, 7 p50 us, 8 p99 us, 9 non-2xx, 11 requests, 12 CPU ms, 13 req/CPU-s).
 fig() { awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" -v f="$5" '$1 == s && $2 == o && $3 == c && $4 == r { print $f }' "$results" | median; }
-# ratio STORE OUTCOME LOAD ROUTE: median over runs of rps / unlimited rps of the same run.
+# ratio STORE OUTCOME LOAD ROUTE FIELD: median over runs of FIELD / the same
+# field of /unlimited in the same run on the same server.
 ratio() {
-  awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" '
-    $1 == s && $2 == o && $3 == c && $4 == "unlimited" { base[$5] = $6 }
-    $1 == s && $2 == o && $3 == c && $4 == r { mine[$5] = $6 }
+  awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" -v f="$5" '
+    $1 == s && $2 == o && $3 == c && $4 == "unlimited" { base[$5] = $f }
+    $1 == s && $2 == o && $3 == c && $4 == r { mine[$5] = $f }
     END { for (k in mine) if (base[k] > 0) printf "%.3f\n", mine[k] / base[k] }' "$results" | median
 }
 share() { # STORE OUTCOME LOAD ROUTE: share of responses that were not 2xx/3xx
   awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" '$1 == s && $2 == o && $3 == c && $4 == r { n += $9; t += $11 }
     END { if (t) printf "%.3f", n / t }' "$results"
+}
+busy() { # STORE OUTCOME LOAD ROUTE: median CPU busy share of the system under test
+  awk -v s="$1" -v o="$2" -v c="$3" -v r="$4" -v secs="$LOAD_SECS" '$1 == s && $2 == o && $3 == c && $4 == r { printf "%.2f\n", $12 / 1000 / secs }' "$results" | median
 }
 ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }
 target() { # STORE OUTCOME
@@ -195,26 +230,32 @@ verdict() { # RATIO TARGET
 
 names=$(cat "$work/names")
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+load_after=$(cut -d' ' -f1 /proc/loadavg)
 echo
 echo "## Load test, $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
 echo "$(nproc) CPUs ($cpu), $(redis-server --version | awk '{ print $3 }' | sed 's/v=/Redis /'), wrk -t1 on CPU $CLIENT_CPU; zoo and Redis on CPU $SERVER_CPU."
-echo "Medians of $LOAD_RUNS runs of ${LOAD_SECS} s; ratio = req/s over /unlimited in the same run; load average before: $load_before."
+echo "Medians of $LOAD_RUNS runs of ${LOAD_SECS} s. Load average before: $load_before, after: $load_after."
 echo
-echo "### $LOAD_CONNS connections"
+echo "- **req/CPU-s**: requests per CPU-second used by the system under test (the zoo; the zoo and Redis"
+echo "  for the Redis store): req/s on a core of its own, whatever else runs on the machine."
+echo "- **ratio**: req/CPU-s over /unlimited's in the same run on the same server; **wall ratio**: the same for req/s."
+echo "- **CPU**: share of its core the system under test used (1.00: saturated, the figure is its capacity)."
 echo
-echo "| store | outcome | route | req/s | ratio | target | met | p50 ms | p99 ms | non-2xx share |"
-echo "|---|---|---|---:|---:|---:|---|---:|---:|---:|"
+echo "### $LOAD_CONNS connections, flat out"
+echo
+echo "| store | outcome | route | req/s | CPU | req/CPU-s | ratio | wall ratio | target | met | p50 ms | p99 ms | non-2xx |"
+echo "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"
 for store in memory redis; do
   for outcome in pass reject; do
     for route in unlimited $names; do
-      rps=$(fig $store $outcome full "$route" 6)
-      if [ "$route" = unlimited ]; then r=1.000 t=- ok=; else
-        r=$(ratio $store $outcome full "$route")
+      if [ "$route" = unlimited ]; then r=1.000 w=1.000 t=- ok=; else
+        r=$(ratio $store $outcome full "$route" 13)
+        w=$(ratio $store $outcome full "$route" 6)
         t=$(target $store $outcome)
         ok=$(verdict "$r" "$t")
       fi
-      echo "| $store | $outcome | $route | $rps | $r | $t | $ok | $(ms "$(fig $store $outcome full "$route" 7)") | $(ms "$(fig $store $outcome full "$route" 8)") | $(share $store $outcome full "$route") |"
+      echo "| $store | $outcome | $route | $(fig $store $outcome full "$route" 6) | $(busy $store $outcome full "$route") | $(fig $store $outcome full "$route" 13) | $r | $w | $t | $ok | $(ms "$(fig $store $outcome full "$route" 7)") | $(ms "$(fig $store $outcome full "$route" 8)") | $(share $store $outcome full "$route") |"
     done
   done
 done
@@ -224,27 +265,27 @@ echo
 rtt_us=$(awk -v m="$rtt_ms" 'BEGIN { printf "%.0f", m * 1000 }')
 echo "Redis round trip (redis-benchmark PING, one connection, p50): ${rtt_us} us; target: p99 added <= round trip + 100 us = $((rtt_us + 100)) us."
 echo
-echo "| store | route | req/s | ratio | p50 ms | p99 ms | p99 added us | met |"
-echo "|---|---|---:|---:|---:|---:|---:|---|"
+echo "| store | route | req/s | CPU | p50 ms | p99 ms | p50 added us | p99 added us | met |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---|"
 for store in memory redis; do
+  base50=$(fig $store pass moderate unlimited 7)
   base99=$(fig $store pass moderate unlimited 8)
   for route in unlimited $names; do
+    p50=$(fig $store pass moderate "$route" 7)
     p99=$(fig $store pass moderate "$route" 8)
-    if [ "$route" = unlimited ]; then r=1.000 added=0 ok=; else
-      r=$(ratio $store pass moderate "$route")
-      added=$((p99 - base99))
-      ok=$([ "$added" -le $((rtt_us + 100)) ] && echo yes || echo "**no**")
-    fi
-    echo "| $store | $route | $(fig $store pass moderate "$route" 6) | $r | $(ms "$(fig $store pass moderate "$route" 7)") | $(ms "$p99") | $added | $ok |"
+    ok=
+    [ "$route" = unlimited ] || ok=$([ $((p99 - base99)) -le $((rtt_us + 100)) ] && echo yes || echo "**no**")
+    echo "| $store | $route | $(fig $store pass moderate "$route" 6) | $(busy $store pass moderate "$route") | $(ms "$p50") | $(ms "$p99") | $((p50 - base50)) | $((p99 - base99)) | $ok |"
   done
 done
 echo
 echo "### One Redis's capacity (redis-benchmark EVALSHA fixed_window.lua, $LOAD_CONNS connections, Redis alone on CPU $SERVER_CPU)"
 echo
-echo "| pipeline | EVALSHA/s | tollgate over HTTP, Redis, pass (fixed_window) as a share |"
-echo "|---|---:|---:|"
 fw=$(fig redis pass full fixed_window 6)
+fw_cpu=$(fig redis pass full fixed_window 13)
+echo "| pipeline | EVALSHA/s | EVALSHA per Redis CPU-s | tollgate, Redis, fixed_window pass, as a share of it: req/s | req/CPU-s |"
+echo "|---|---:|---:|---:|---:|"
 for p in 1 16; do
-  v=$([ $p = 1 ] && echo "$rb_p1" || echo "$rb_p16")
-  echo "| -P $p | $v | $(awk -v a="$fw" -v b="$v" 'BEGIN { if (b > 0) printf "%.2f", a / b }') |"
+  if [ $p = 1 ]; then v=$rb_p1 vc=$rb_p1_cpu; else v=$rb_p16 vc=$rb_p16_cpu; fi
+  echo "| -P $p | $v | $vc | $(awk -v a="$fw" -v b="$v" 'BEGIN { if (b > 0) printf "%.2f", a / b }') | $(awk -v a="$fw_cpu" -v b="$vc" 'BEGIN { if (b > 0) printf "%.2f", a / b }') |"
 done
