@@ -68,7 +68,10 @@ pub use layer::{PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_DEADLI
 pub use limiter::StoreUnavailable;
 pub use quota::{Policy, Quota};
 pub use service::RateLimit;
-pub use store::{BoxFuture, MemoryStore, RedisStore, RedisStoreBuilder, Store};
+pub use store::{
+    BoxFuture, ClusterConfig, MemoryStore, RedisStore, RedisStoreBuilder, SentinelConfig, Shard,
+    ShardedConfig, Store,
+};
 pub use strategy::Strategy;
 
 /// The README's examples, compiled as doctests so they cannot rot.

@@ -9,6 +9,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisResult, Value};
 
 use super::script::LuaScript;
+use super::sentinel::SentinelConnection;
+use super::shards::Shards;
 
 /// A handle to Redis that can run a script. Cloning is cheap.
 #[derive(Clone)]
@@ -21,6 +23,10 @@ pub(crate) enum Connection {
     Pool(Arc<PooledConnection>),
     /// Redis Cluster: routes each script by its keys' hash slot.
     Cluster(ClusterConnection),
+    /// Independent primaries (and replicas), picked by the keys' hash tag.
+    Sharded(Arc<Shards>),
+    /// The primary Redis Sentinel names, rediscovered after a failover.
+    Sentinel(Arc<SentinelConnection>),
 }
 
 impl fmt::Debug for Connection {
@@ -30,6 +36,8 @@ impl fmt::Debug for Connection {
             Connection::Multiplexed(_) => "Connection::Multiplexed",
             Connection::Pool(_) => "Connection::Pool",
             Connection::Cluster(_) => "Connection::Cluster",
+            Connection::Sharded(_) => "Connection::Sharded",
+            Connection::Sentinel(_) => "Connection::Sentinel",
         })
     }
 }
@@ -46,8 +54,14 @@ impl Connection {
         match self {
             Connection::Manager(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
             Connection::Multiplexed(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
-            Connection::Cluster(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
+            Connection::Cluster(c) => {
+                script
+                    .eval_routed_by_keys(&mut c.clone(), keys, args, read_only)
+                    .await
+            }
             Connection::Pool(p) => p.eval(script, keys, args, read_only).await,
+            Connection::Sharded(s) => s.eval(script, keys, args, read_only).await,
+            Connection::Sentinel(s) => s.eval(script, keys, args, read_only).await,
         }
     }
 }
