@@ -21,8 +21,9 @@ pub(crate) enum Connection {
     Multiplexed(MultiplexedConnection),
     /// A deadpool-redis pool, used without a checkout per decision.
     Pool(Arc<PooledConnection>),
-    /// Redis Cluster: routes each script by its keys' hash slot.
-    Cluster(ClusterConnection),
+    /// Redis Cluster: routes each script by its keys' hash slot, with this
+    /// many retries.
+    Cluster(ClusterConnection, u32),
     /// Independent primaries (and replicas), picked by the keys' hash tag.
     Sharded(Arc<Shards>),
     /// The primary Redis Sentinel names, rediscovered after a failover.
@@ -35,7 +36,7 @@ impl fmt::Debug for Connection {
             Connection::Manager(_) => "Connection::Manager",
             Connection::Multiplexed(_) => "Connection::Multiplexed",
             Connection::Pool(_) => "Connection::Pool",
-            Connection::Cluster(_) => "Connection::Cluster",
+            Connection::Cluster(..) => "Connection::Cluster",
             Connection::Sharded(_) => "Connection::Sharded",
             Connection::Sentinel(_) => "Connection::Sentinel",
         })
@@ -54,10 +55,8 @@ impl Connection {
         match self {
             Connection::Manager(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
             Connection::Multiplexed(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
-            Connection::Cluster(c) => {
-                script
-                    .eval_routed_by_keys(&mut c.clone(), keys, args, read_only)
-                    .await
+            Connection::Cluster(c, retries) => {
+                super::cluster::eval(&mut c.clone(), *retries, script, keys, args, read_only).await
             }
             Connection::Pool(p) => p.eval(script, keys, args, read_only).await,
             Connection::Sharded(s) => s.eval(script, keys, args, read_only).await,

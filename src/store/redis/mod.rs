@@ -163,7 +163,7 @@ impl RedisStore {
     /// [`RedisStore::cluster`], which sets timeouts and retries that suit
     /// rate limiting; redis-rs's defaults wait 1.28 s or more between retries.
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(Connection::Cluster(conn))
+        RedisStoreBuilder::new(Connection::Cluster(conn, cluster::DEFAULT_RETRIES))
     }
 
     /// Redis Cluster, reached through any of the seed `nodes`; see

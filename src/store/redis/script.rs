@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 
 /// One Lua file: its source and SHA1, computed once.
 #[derive(Debug)]
@@ -35,8 +35,7 @@ impl LuaScript {
         args: &[String],
         read_only: bool,
     ) -> RedisResult<Value> {
-        let mut cmd = redis::cmd(if read_only { "EVALSHA_RO" } else { "EVALSHA" });
-        cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+        let cmd = self.evalsha_cmd(keys, args, read_only);
         match cmd.query_async(conn).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!(
@@ -54,42 +53,19 @@ impl LuaScript {
         }
     }
 
-    /// Like [`eval`](Self::eval), but after `NOSCRIPT` sends the source with
-    /// `EVAL` (or `EVAL_RO`) instead of `SCRIPT LOAD` + `EVALSHA`.
-    ///
-    /// For Redis Cluster. redis-rs routes `SCRIPT LOAD` to *every* node and
-    /// fails it if any node fails, which is exactly the situation after a
-    /// primary dies (Redis 7 does not replicate scripts, so the promoted
-    /// replica answers `NOSCRIPT`); and with replica reads the repeated
-    /// `EVALSHA_RO` could land on another replica than the one that lacked
-    /// the script. `EVAL` is routed by the same keys as the `EVALSHA` it
-    /// replaces, so it reaches the node that owns them (following `MOVED`
-    /// and `ASK`), runs there, and leaves the script in that node's cache.
-    pub(crate) async fn eval_routed_by_keys<C: ConnectionLike>(
-        &self,
-        conn: &mut C,
-        keys: &[String],
-        args: &[String],
-        read_only: bool,
-    ) -> RedisResult<Value> {
+    /// `EVALSHA` (or `EVALSHA_RO`) of this script.
+    pub(crate) fn evalsha_cmd(&self, keys: &[String], args: &[String], read_only: bool) -> Cmd {
         let mut cmd = redis::cmd(if read_only { "EVALSHA_RO" } else { "EVALSHA" });
         cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
-        match cmd.query_async(conn).await {
-            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                tracing::debug!(
-                    script = self.name,
-                    "NOSCRIPT on a cluster node: sending the source with EVAL"
-                );
-                redis::cmd(if read_only { "EVAL_RO" } else { "EVAL" })
-                    .arg(&self.source)
-                    .arg(keys.len())
-                    .arg(keys)
-                    .arg(args)
-                    .query_async(conn)
-                    .await
-            }
-            other => other,
-        }
+        cmd
+    }
+
+    /// `EVAL` (or `EVAL_RO`) with the source: runs the script on a node that
+    /// has not cached it, and caches it there.
+    pub(crate) fn eval_cmd(&self, keys: &[String], args: &[String], read_only: bool) -> Cmd {
+        let mut cmd = redis::cmd(if read_only { "EVAL_RO" } else { "EVAL" });
+        cmd.arg(&self.source).arg(keys.len()).arg(keys).arg(args);
+        cmd
     }
 }
 

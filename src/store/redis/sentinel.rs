@@ -1,33 +1,43 @@
 //! A primary watched by Redis Sentinel, followed through failovers.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult, ServerErrorKind,
+    Value,
+};
 
 use super::script::LuaScript;
 use super::{Connection, RedisStoreBuilder};
 use crate::error::StoreError;
 
-/// How long to wait before asking the sentinels again after they could not
-/// name a reachable primary: decisions fail fast meanwhile (the layer's
-/// failure policy answers them) instead of each one asking the sentinels.
+/// How long to wait between two rounds of asking the sentinels: while they
+/// name no usable primary, decisions fail fast (the layer's failure policy
+/// answers them) instead of each one asking the sentinels.
 const REDISCOVER_AFTER: Duration = Duration::from_millis(100);
+
+/// How often a background task asks a sentinel which server is primary.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
 
 /// A [`RedisStore`](crate::RedisStore) on the primary that Redis Sentinel
 /// names; made by [`RedisStore::sentinel`](crate::RedisStore::sentinel).
 ///
 /// The store asks the sentinels for the primary, keeps one multiplexed
-/// connection to it, and asks again when that connection breaks or the server
-/// answers `READONLY` (it was demoted). Until Sentinel has promoted a replica
-/// decisions fail fast, and the layer's
+/// connection to it, and asks again when that connection breaks, the server
+/// answers `READONLY` (it was demoted), or the sentinels name another primary:
+/// a background task asks one of them every 250 ms. That last check matters
+/// after an ordered failover: the old primary is alive and keeps accepting
+/// writes until Sentinel gets round to demoting it (seconds later), and
+/// everything written there meanwhile is discarded. Until Sentinel has
+/// promoted a replica, decisions fail fast, and the layer's
 /// [`FailurePolicy`](crate::FailurePolicy) answers them.
 ///
-/// A failover may lose the writes the old primary had not yet sent to its
-/// replica (replication is asynchronous): callers may then get those few
-/// requests again.
+/// A failover may still lose the writes the old primary took just before
+/// the switch and had not sent to its replica (replication is asynchronous):
+/// callers may then get those few requests again.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -88,6 +98,11 @@ impl SentinelConfig {
             None,
             SentinelServerType::Master,
         )?;
+        let watched = self
+            .sentinels
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()))
+            .collect::<RedisResult<Vec<_>>>()?;
         let conn = SentinelConnection {
             client: tokio::sync::Mutex::new(client),
             master_name: self.master_name,
@@ -99,12 +114,13 @@ impl SentinelConfig {
                 current: None,
                 generation: 0,
                 retry_at: None,
+                hint: None,
             }),
         };
         conn.connection().await?;
-        Ok(RedisStoreBuilder::new(Connection::Sentinel(
-            std::sync::Arc::new(conn),
-        )))
+        let conn = Arc::new(conn);
+        tokio::spawn(watch(Arc::downgrade(&conn), watched));
+        Ok(RedisStoreBuilder::new(Connection::Sentinel(conn)))
     }
 }
 
@@ -119,11 +135,13 @@ pub(crate) struct SentinelConnection {
 }
 
 struct State {
-    /// The primary's connection and its generation.
-    current: Option<(MultiplexedConnection, u64)>,
+    /// The primary's connection, its generation and its address.
+    current: Option<(MultiplexedConnection, u64, Option<(String, u16)>)>,
     generation: u64,
     /// No discovery before this, after one failed.
     retry_at: Option<Instant>,
+    /// The primary the sentinels named last, if it differs from `current`.
+    hint: Option<(String, u16)>,
 }
 
 impl std::fmt::Debug for SentinelConnection {
@@ -140,7 +158,10 @@ impl SentinelConnection {
     }
 
     fn cached(&self) -> Option<(MultiplexedConnection, u64)> {
-        self.state().current.clone()
+        self.state()
+            .current
+            .as_ref()
+            .map(|(conn, generation, _)| (conn.clone(), *generation))
     }
 
     /// The primary's connection, asking the sentinels if there is none.
@@ -160,10 +181,26 @@ impl SentinelConnection {
                 )));
             }
         }
-        let found = tokio::time::timeout(
-            self.discovery_timeout,
-            client.get_async_connection_with_config(&self.config),
-        )
+        let hint = self.state().hint.take();
+        let found = tokio::time::timeout(self.discovery_timeout, async {
+            // The watcher saw the sentinels name a new primary: go there
+            // directly. Asking the sentinels again could still name the old
+            // one, which believes it is primary until it is demoted.
+            let primary = match hint {
+                Some((host, port)) => redis::Client::open((host.as_str(), port))?,
+                None => client.async_get_client().await?,
+            };
+            let addr = match primary.get_connection_info().addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    Some((host.clone(), *port))
+                }
+                _ => None,
+            };
+            let conn = primary
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await?;
+            Ok((conn, addr))
+        })
         .await
         .unwrap_or_else(|_| {
             Err(RedisError::from((
@@ -173,14 +210,12 @@ impl SentinelConnection {
         });
         let mut state = self.state();
         match found {
-            Ok(conn) => {
+            Ok((conn, addr)) => {
                 state.generation += 1;
-                state.retry_at = None;
-                state.current = Some((conn.clone(), state.generation));
-                tracing::info!(
-                    master = self.master_name,
-                    "connected to the primary named by Sentinel"
-                );
+                state.retry_at = Some(Instant::now() + REDISCOVER_AFTER);
+                tracing::info!(master = self.master_name, primary = ?addr,
+                    "connected to the primary named by Sentinel");
+                state.current = Some((conn.clone(), state.generation, addr));
                 Ok((conn, state.generation))
             }
             Err(err) => {
@@ -222,5 +257,51 @@ impl SentinelConnection {
             }
         }
         result
+    }
+
+    /// The sentinels name `primary`: forget a connection to any other server.
+    fn primary_is(&self, primary: (String, u16)) {
+        let mut state = self.state();
+        let moved = state
+            .current
+            .as_ref()
+            .is_some_and(|(_, _, addr)| addr.as_ref().is_some_and(|a| *a != primary));
+        if moved {
+            tracing::warn!(master = self.master_name, new = ?primary,
+                "Sentinel names another primary; switching");
+            state.current = None;
+            state.retry_at = None;
+            state.hint = Some(primary);
+        }
+    }
+}
+
+/// Asks the sentinels in turn, every [`WATCH_EVERY`], which server is
+/// primary, until the store is dropped.
+async fn watch(store: Weak<SentinelConnection>, sentinels: Vec<redis::Client>) {
+    let mut conn: Option<MultiplexedConnection> = None;
+    let mut next = 0;
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        if conn.is_none() {
+            let client = &sentinels[next % sentinels.len()];
+            next += 1;
+            conn = client
+                .get_multiplexed_async_connection_with_config(&store.config)
+                .await
+                .ok();
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let mut ask = redis::cmd("SENTINEL");
+        ask.arg("GET-MASTER-ADDR-BY-NAME").arg(&store.master_name);
+        let asked = ask.query_async::<Option<(String, u16)>>(c);
+        match tokio::time::timeout(store.discovery_timeout, asked).await {
+            Ok(Ok(Some(primary))) => store.primary_is(primary),
+            // This sentinel does not know, or is gone: ask the next one.
+            _ => conn = None,
+        }
     }
 }

@@ -412,7 +412,10 @@ mod tests {
             }
             let share = moved as f64 / tags.len() as f64;
             let ideal = 1.0 / (n + 1) as f64;
-            println!("{n} -> {} shards: {share:.4} of keys moved (1/N = {ideal:.4})", n + 1);
+            println!(
+                "{n} -> {} shards: {share:.4} of keys moved (1/N = {ideal:.4})",
+                n + 1
+            );
             assert!(
                 share <= ideal + 0.01 && share >= ideal - 0.01,
                 "{n} -> {} shards moved {share:.4}, ideal {ideal:.4}",
