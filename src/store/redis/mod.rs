@@ -159,9 +159,11 @@ impl RedisStore {
     }
 
     /// Over a Redis Cluster connection: each decision's keys share a hash tag,
-    /// so a script always runs on the one node that owns them. Prefer
-    /// [`RedisStore::cluster`], which sets timeouts and retries that suit
-    /// rate limiting; redis-rs's defaults wait 1.28 s or more between retries.
+    /// so a script always runs on the one node that owns them, and the store
+    /// follows redirections itself (see [`ClusterConfig`]). Prefer
+    /// [`RedisStore::cluster`]: it also turns off redis-rs's own retries,
+    /// which wait 1.28 s or more between attempts by default and can lose
+    /// `ASKING` to a concurrent request during a slot migration.
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Connection::Cluster(conn, cluster::DEFAULT_RETRIES))
     }

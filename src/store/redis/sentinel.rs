@@ -134,14 +134,23 @@ pub(crate) struct SentinelConnection {
     state: Mutex<State>,
 }
 
+/// A server's host and port.
+type Addr = (String, u16);
+
+/// The connection in use, which discovery made it, and where it goes.
+struct Primary {
+    conn: MultiplexedConnection,
+    generation: u64,
+    addr: Option<Addr>,
+}
+
 struct State {
-    /// The primary's connection, its generation and its address.
-    current: Option<(MultiplexedConnection, u64, Option<(String, u16)>)>,
+    current: Option<Primary>,
     generation: u64,
     /// No discovery before this, after one failed.
     retry_at: Option<Instant>,
     /// The primary the sentinels named last, if it differs from `current`.
-    hint: Option<(String, u16)>,
+    hint: Option<Addr>,
 }
 
 impl std::fmt::Debug for SentinelConnection {
@@ -161,7 +170,7 @@ impl SentinelConnection {
         self.state()
             .current
             .as_ref()
-            .map(|(conn, generation, _)| (conn.clone(), *generation))
+            .map(|p| (p.conn.clone(), p.generation))
     }
 
     /// The primary's connection, asking the sentinels if there is none.
@@ -215,7 +224,11 @@ impl SentinelConnection {
                 state.retry_at = Some(Instant::now() + REDISCOVER_AFTER);
                 tracing::info!(master = self.master_name, primary = ?addr,
                     "connected to the primary named by Sentinel");
-                state.current = Some((conn.clone(), state.generation, addr));
+                state.current = Some(Primary {
+                    conn: conn.clone(),
+                    generation: state.generation,
+                    addr,
+                });
                 Ok((conn, state.generation))
             }
             Err(err) => {
@@ -249,7 +262,7 @@ impl SentinelConnection {
                 );
             if stale {
                 let mut state = self.state();
-                if state.current.as_ref().map(|c| c.1) == Some(generation) {
+                if state.current.as_ref().map(|p| p.generation) == Some(generation) {
                     tracing::warn!(master = self.master_name, error = %err,
                         "lost the primary; asking the sentinels again");
                     state.current = None;
@@ -260,12 +273,12 @@ impl SentinelConnection {
     }
 
     /// The sentinels name `primary`: forget a connection to any other server.
-    fn primary_is(&self, primary: (String, u16)) {
+    fn primary_is(&self, primary: Addr) {
         let mut state = self.state();
         let moved = state
             .current
             .as_ref()
-            .is_some_and(|(_, _, addr)| addr.as_ref().is_some_and(|a| *a != primary));
+            .is_some_and(|p| p.addr.as_ref().is_some_and(|a| *a != primary));
         if moved {
             tracing::warn!(master = self.master_name, new = ?primary,
                 "Sentinel names another primary; switching");
@@ -297,7 +310,7 @@ async fn watch(store: Weak<SentinelConnection>, sentinels: Vec<redis::Client>) {
         let Some(c) = conn.as_mut() else { continue };
         let mut ask = redis::cmd("SENTINEL");
         ask.arg("GET-MASTER-ADDR-BY-NAME").arg(&store.master_name);
-        let asked = ask.query_async::<Option<(String, u16)>>(c);
+        let asked = ask.query_async::<Option<Addr>>(c);
         match tokio::time::timeout(store.discovery_timeout, asked).await {
             Ok(Ok(Some(primary))) => store.primary_is(primary),
             // This sentinel does not know, or is gone: ask the next one.
