@@ -218,6 +218,11 @@ async fn send(conn: &mut ClusterConnection, cmd: Cmd, target: &Target) -> RedisR
 
 /// Errors that another attempt, a moment later, may not meet: a slot in
 /// migration, a failover in progress, a connection being repaired.
+///
+/// Not a timeout: the script may have run, and the deadline that matters
+/// (the layer's) is gone by then anyway. A connection that broke after the
+/// script was sent may still make a retry charge twice; that errs on the
+/// side of the limit (a caller waits a little longer), never past it.
 fn is_transient(err: &RedisError) -> bool {
     matches!(
         err.kind(),
@@ -228,10 +233,8 @@ fn is_transient(err: &RedisError) -> bool {
                 | ServerErrorKind::BusyLoading
                 | ServerErrorKind::ReadOnly
         ) | ErrorKind::ClusterConnectionNotFound
-    ) || err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_timeout()
+    ) || (!err.is_timeout()
+        && (err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal()))
 }
 
 /// 10, 20, 40, 80, then 160 ms.
