@@ -49,11 +49,13 @@ mod headers;
 mod key;
 mod layer;
 mod limiter;
+mod local;
 mod quota;
 mod response;
 mod service;
 mod store;
 mod strategy;
+mod throttle;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Receipt};
@@ -66,7 +68,9 @@ pub use key::{
 };
 pub use layer::{PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_DEADLINE};
 pub use limiter::StoreUnavailable;
+pub use local::LocalCache;
 pub use quota::{Policy, Quota};
 pub use service::RateLimit;
 pub use store::{BoxFuture, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 pub use strategy::Strategy;
+pub use throttle::{SyncReport, SyncTask, Throttle, ThrottleBuilder, ThrottleStats};

@@ -51,6 +51,8 @@ pub(crate) struct Limiter {
     pub(crate) key_error_status: StatusCode,
     pub(crate) refund_when: Arc<RefundFn>,
     pub(crate) headers: RateLimitHeaders,
+    /// Throttling mode and the local decision cache (high-volume mode).
+    pub(crate) local: crate::local::LocalDecisions,
 }
 
 /// Which store decided a request; refunds go back to the same one.
@@ -85,6 +87,12 @@ impl Limiter {
             }
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+        let local =
+            self.local
+                .before_store(&self.policy, &key, cost, self.limited_status, self.headers);
+        if let Some(response) = local {
+            return Verdict::Respond(response);
+        }
 
         let (decision, decider, degraded) = match self.ask(&*self.store, &key, cost).await {
             Ok(decision) => (decision, Decider::Main, None),
@@ -122,6 +130,9 @@ impl Limiter {
             }
         };
 
+        if decider == Decider::Main {
+            self.local.after_store(&self.policy, &key, cost, &decision);
+        }
         tracing::debug!(
             policy = self.policy.name(),
             allowed = decision.allowed,
@@ -168,6 +179,7 @@ impl Limiter {
             let refund = store.refund(&self.policy, &key, &decision.receipt);
             match tokio::time::timeout(self.deadline, refund).await {
                 Ok(Ok(())) => {
+                    self.local.refunded(&key);
                     let cost = decision.receipt.cost();
                     decision = decision.refunded(cost);
                 }

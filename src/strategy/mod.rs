@@ -41,6 +41,25 @@ impl Strategy {
         }
     }
 
+    /// Whether a rejection stays true until its `retry_after` for requests
+    /// costing at least as much, whatever else happens to the key (refunds
+    /// aside), so the layer's local cache may repeat it without the store.
+    /// Sliding windows and GCRA: yes; concurrency limits: no.
+    pub(crate) fn rejection_is_stable(&self) -> bool {
+        match self {
+            Strategy::FixedWindow => true,
+        }
+    }
+
+    /// Whether a pass with nothing left means every request is rejected
+    /// until `reset_at`. Fixed window: yes; GCRA and buckets: no (a unit
+    /// drips back long before the bucket is full again).
+    pub(crate) fn exhaustion_is_stable(&self) -> bool {
+        match self {
+            Strategy::FixedWindow => true,
+        }
+    }
+
     pub(crate) fn validate(&self, _quotas: &[Quota]) -> Result<(), ConfigError> {
         match self {
             Strategy::FixedWindow => Ok(()),

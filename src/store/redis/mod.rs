@@ -1,6 +1,6 @@
 //! The Redis store: one script call, one round trip, per decision.
 
-mod connection;
+pub(crate) mod connection;
 mod reply;
 pub(crate) mod script;
 
@@ -155,6 +155,16 @@ impl RedisStore {
     /// so a script always runs on the one node that owns them.
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Connection::Cluster(conn))
+    }
+
+    /// The connection, shared with the throttle's sync task.
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.inner.conn
+    }
+
+    /// The key names, shared with the throttle's sync task.
+    pub(crate) fn keyspace(&self) -> &KeySpace {
+        &self.inner.keys
     }
 
     /// `now` for the scripts: the store's clock, or -1 for Redis `TIME`.

@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisResult, ServerErrorKind, ToRedisArgs, Value};
 
 /// One Lua file: its source and SHA1, computed once.
 #[derive(Debug)]
@@ -14,25 +14,25 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(name: &'static str, source: String) -> Self {
+    pub(crate) fn new(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
     }
 
     /// Peek scripts run unchanged but flagged read-only, so Redis refuses any
     /// write they might attempt and lets replicas run them (`EVALSHA_RO`).
-    fn read_only(name: &'static str, source: &str) -> Self {
+    pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
         Self::new(name, format!("#!lua flags=no-writes\n{source}"))
     }
 
     /// One round trip: `EVALSHA` (or `EVALSHA_RO`). Only when Redis answers
     /// `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restarted or failed-over
     /// server) is the script loaded and the call repeated.
-    pub(crate) async fn eval<C: ConnectionLike>(
+    pub(crate) async fn eval<C: ConnectionLike, A: ToRedisArgs + Sync>(
         &self,
         conn: &mut C,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         let mut cmd = redis::cmd(if read_only { "EVALSHA_RO" } else { "EVALSHA" });
