@@ -21,6 +21,9 @@ use crate::store::{MemoryStore, Store};
 /// How long a decision may take before the failure policy applies.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(100);
 
+/// How long the store is skipped after it failed.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_millis(500);
+
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service.
 ///
 /// Works with `Router::layer`, `Router::route_layer` and `ServiceBuilder`.
@@ -152,6 +155,7 @@ impl std::error::Error for PeekError {
 /// | [`cost`](Self::cost) | 1 per request |
 /// | [`deadline`](Self::deadline) | [`DEFAULT_DEADLINE`] (100 ms) |
 /// | [`on_store_failure`](Self::on_store_failure) | [`FailurePolicy::local`] |
+/// | [`failure_cooldown`](Self::failure_cooldown) | [`DEFAULT_COOLDOWN`] (500 ms) |
 /// | [`limited_status`](Self::limited_status) | 429 |
 /// | [`key_error_status`](Self::key_error_status) | 400 |
 /// | [`refund_when`](Self::refund_when) | status is `304 Not Modified` |
@@ -186,6 +190,7 @@ pub struct RateLimitLayerBuilder {
     key_error_status: StatusCode,
     refund_when: Arc<crate::limiter::RefundFn>,
     headers: RateLimitHeaders,
+    cooldown: Duration,
     local: crate::local::LocalDecisions,
 }
 
@@ -202,6 +207,7 @@ impl Default for RateLimitLayerBuilder {
             key_error_status: StatusCode::BAD_REQUEST,
             refund_when: Arc::new(|status| status == StatusCode::NOT_MODIFIED),
             headers: RateLimitHeaders::default(),
+            cooldown: DEFAULT_COOLDOWN,
             local: Default::default(),
         }
     }
@@ -256,6 +262,15 @@ impl RateLimitLayerBuilder {
     /// What to do when the store fails or misses the deadline.
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
+        self
+    }
+
+    /// After a store failure, apply the failure policy straight away for this
+    /// long instead of asking the store again (zero: ask every time). Keeps
+    /// requests from each waiting out the deadline while Redis is down or
+    /// drowning, and gives it room to recover.
+    pub fn failure_cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
         self
     }
 
@@ -354,6 +369,8 @@ impl RateLimitLayerBuilder {
                 key_error_status: self.key_error_status,
                 refund_when: self.refund_when,
                 headers: self.headers,
+                cooldown: self.cooldown,
+                skip_store_until: Default::default(),
                 local: self.local,
             }),
         })

@@ -66,7 +66,9 @@ pub use headers::RateLimitHeaders;
 pub use key::{
     And, ForwardedHeader, ForwardedIp, HeaderKey, Key, KeyExtractor, Or, PeerIp, RouteKey,
 };
-pub use layer::{PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_DEADLINE};
+pub use layer::{
+    PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_COOLDOWN, DEFAULT_DEADLINE,
+};
 pub use limiter::StoreUnavailable;
 pub use local::LocalCache;
 pub use quota::{Policy, Quota};
@@ -74,3 +76,8 @@ pub use service::RateLimit;
 pub use store::{BoxFuture, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 pub use strategy::Strategy;
 pub use throttle::{SyncReport, SyncTask, Throttle, ThrottleBuilder, ThrottleStats};
+
+/// The README's examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

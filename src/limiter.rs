@@ -1,8 +1,9 @@
 //! The request path's logic, apart from tower's plumbing: identify, decide
 //! (within a deadline, with a failure policy), and settle refunds.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -51,8 +52,18 @@ pub(crate) struct Limiter {
     pub(crate) key_error_status: StatusCode,
     pub(crate) refund_when: Arc<RefundFn>,
     pub(crate) headers: RateLimitHeaders,
+    pub(crate) cooldown: Duration,
+    /// Until when (ns since [`EPOCH`]) the main store is skipped after a failure.
+    pub(crate) skip_store_until: AtomicU64,
     /// Throttling mode and the local decision cache (high-volume mode).
     pub(crate) local: crate::local::LocalDecisions,
+}
+
+/// A process-wide monotonic origin for the breaker's timestamps.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn monotonic_nanos() -> u64 {
+    EPOCH.elapsed().as_nanos() as u64
 }
 
 /// Which store decided a request; refunds go back to the same one.
@@ -94,7 +105,7 @@ impl Limiter {
             return Verdict::Respond(response);
         }
 
-        let (decision, decider, degraded) = match self.ask(&*self.store, &key, cost).await {
+        let (decision, decider, degraded) = match self.ask_main(&key, cost).await {
             Ok(decision) => (decision, Decider::Main, None),
             Err(err) => {
                 tracing::warn!(policy = self.policy.name(), error = %err, kind = err.kind().as_str(),
@@ -201,6 +212,21 @@ impl Limiter {
             Ok(result) => result.map_err(crate::PeekError::Store),
             Err(_) => Err(crate::PeekError::Store(StoreError::timeout())),
         }
+    }
+
+    /// Asks the main store, unless it failed within the cooldown: then the
+    /// failure policy applies at once instead of every request waiting out
+    /// the deadline against a store that is down or drowning.
+    async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        if monotonic_nanos() < self.skip_store_until.load(Ordering::Relaxed) {
+            return Err(StoreError::cooling_down());
+        }
+        let result = self.ask(&*self.store, key, cost).await;
+        if result.is_err() && !self.cooldown.is_zero() {
+            let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;
+            self.skip_store_until.fetch_max(until, Ordering::Relaxed);
+        }
+        result
     }
 
     async fn ask(&self, store: &dyn Store, key: &Key, cost: u64) -> Result<Decision, StoreError> {

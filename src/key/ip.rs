@@ -8,6 +8,7 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
+use axum::extract::connect_info::MockConnectInfo;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
 use ipnet::IpNet;
@@ -20,7 +21,7 @@ const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// Keys by the TCP peer's address, from axum's `ConnectInfo<SocketAddr>`.
 ///
 /// Serve with `into_make_service_with_connect_info::<SocketAddr>()` (tests:
-/// `MockConnectInfo`). IPv6 callers are grouped by prefix (default `/64`, one
+/// axum's `MockConnectInfo` works too). IPv6 callers are grouped by prefix (default `/64`, one
 /// customer's usual allocation), so rotating through a subnet does not buy
 /// fresh budgets; IPv4-mapped IPv6 addresses count as IPv4.
 ///
@@ -202,10 +203,16 @@ fn check_prefix(bits: u8) -> Result<u8, ConfigError> {
 }
 
 fn peer(parts: &Parts) -> Result<IpAddr, KeyError> {
-    parts
-        .extensions
+    let extensions = &parts.extensions;
+    extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(addr)| addr.ip())
+        // What axum's `ConnectInfo` extractor falls back to in tests.
+        .or_else(|| {
+            extensions
+                .get::<MockConnectInfo<SocketAddr>>()
+                .map(|m| m.0.ip())
+        })
         .ok_or(KeyError::Missing(
             "peer address (serve with into_make_service_with_connect_info)",
         ))

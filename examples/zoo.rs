@@ -1,0 +1,216 @@
+//! The Zoo: a demo server for tollgate.
+//!
+//! ```text
+//! cargo run --example zoo                                  # memory store
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example zoo  # shared limits in Redis
+//! ```
+//!
+//! Environment: `ZOO_ADDR` (default `127.0.0.1:3000`), `REDIS_URL`, `ZOO_LIMIT`
+//! (default 5) requests per `ZOO_WINDOW_SECS` (default 10) per caller, and
+//! `ZOO_TRUSTED_PROXIES` (comma-separated CIDRs whose `X-Forwarded-For` is
+//! believed). Callers are told apart by `X-Api-Key`, else by client IP.
+//!
+//! Routes:
+//! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
+//!   `If-None-Match` matches.
+//! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{request::Parts, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use tollgate::{
+    ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
+    RedisStore, Store,
+};
+
+const ETAG: &str = "\"tiger-feeding-v1\"";
+
+/// Everything read from the environment, checked before serving.
+struct Settings {
+    addr: SocketAddr,
+    redis_url: Option<String>,
+    quota: Quota,
+    trusted_proxies: Option<String>,
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}={v:?} is not valid")),
+        _ => Ok(default),
+    }
+}
+
+impl Settings {
+    fn from_env() -> Result<Self, String> {
+        let addr = env_or("ZOO_ADDR", SocketAddr::from(([127, 0, 0, 1], 3000)))?;
+        let limit: u32 = env_or("ZOO_LIMIT", 5)?;
+        let window: u64 = env_or("ZOO_WINDOW_SECS", 10)?;
+        let quota = Quota::new(limit, Duration::from_secs(window)).map_err(|e| e.to_string())?;
+        Ok(Self {
+            addr,
+            redis_url: std::env::var("REDIS_URL")
+                .ok()
+                .filter(|u| !u.trim().is_empty()),
+            quota,
+            trusted_proxies: std::env::var("ZOO_TRUSTED_PROXIES")
+                .ok()
+                .filter(|s| !s.trim().is_empty()),
+        })
+    }
+
+    /// `X-Api-Key` when present, else the client address.
+    fn caller_key(&self) -> Result<Arc<dyn KeyExtractor>, String> {
+        let api_key = HeaderKey::new("x-api-key");
+        Ok(match &self.trusted_proxies {
+            Some(list) => {
+                let forwarded =
+                    ForwardedIp::trusting(list.split(',')).map_err(|e| e.to_string())?;
+                Arc::new(api_key.or(forwarded))
+            }
+            None => Arc::new(api_key.or(PeerIp::new())),
+        })
+    }
+}
+
+/// The limited routes' layers, kept for `/rate_limit` to peek with.
+#[derive(Clone)]
+struct Zoo {
+    limits: Vec<RateLimitLayer>,
+}
+
+async fn tigerfeeding(headers: HeaderMap) -> Response {
+    if headers
+        .get("if-none-match")
+        .is_some_and(|v| v.as_bytes() == ETAG.as_bytes())
+    {
+        return (StatusCode::NOT_MODIFIED, [("etag", ETAG)]).into_response();
+    }
+    (
+        [("etag", ETAG), ("cache-control", "no-cache")],
+        Json(json!({ "feeding": "tigers", "at": "12:00", "zone": "big cats" })),
+    )
+        .into_response()
+}
+
+/// GitHub's `GET /rate_limit`: every resource's state for this caller.
+async fn rate_limit(State(zoo): State<Zoo>, parts: Parts) -> Response {
+    let mut resources = serde_json::Map::new();
+    for layer in &zoo.limits {
+        match layer.peek(&parts).await {
+            Ok(d) => {
+                resources.insert(
+                    layer.policy().name().to_owned(),
+                    json!({
+                        "limit": d.limit,
+                        "remaining": d.remaining,
+                        "used": d.used,
+                        "reset": d.reset_epoch_secs(),
+                        "resource": layer.policy().name(),
+                    }),
+                );
+            }
+            Err(err) => {
+                let body =
+                    Json(json!({ "message": format!("rate limit state unavailable: {err}") }));
+                return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+            }
+        }
+    }
+    let rate = resources.get("tigerfeeding").cloned().unwrap_or_default();
+    Json(json!({ "resources": resources, "rate": rate })).into_response()
+}
+
+async fn build(settings: &Settings) -> Result<Router, String> {
+    let store: Arc<dyn Store> = match &settings.redis_url {
+        Some(url) => Arc::new(
+            RedisStore::connect(url)
+                .await
+                .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?,
+        ),
+        None => Arc::new(MemoryStore::new()),
+    };
+    let key = settings.caller_key()?;
+
+    let tiger_limit = RateLimitLayer::builder()
+        .policy(Policy::fixed_window("tigerfeeding", settings.quota))
+        .shared_store(store.clone())
+        .key(key.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+
+    let zoo = Zoo {
+        limits: vec![tiger_limit.clone()],
+    };
+    Ok(Router::new()
+        .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
+        .route("/rate_limit", get(rate_limit))
+        .with_state(zoo))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tollgate=info".into()),
+        )
+        .init();
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("zoo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let app = match build(&settings).await {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("zoo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(settings.addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("zoo: cannot listen on {}: {e}", settings.addr);
+            return ExitCode::from(2);
+        }
+    };
+    let store = if settings.redis_url.is_some() {
+        "redis"
+    } else {
+        "memory"
+    };
+    println!(
+        "zoo listening on http://{} (store: {store}; {} requests per {:?} per caller)",
+        settings.addr,
+        settings.quota.limit(),
+        settings.quota.window()
+    );
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zoo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

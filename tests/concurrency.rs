@@ -1,0 +1,128 @@
+//! Under concurrency a limit of 50 admits exactly 50, in one process and
+//! across app servers sharing one Redis.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use support::redis::{shared_url, unique_prefix};
+use tollgate::{Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store};
+use tower::ServiceExt;
+
+const LIMIT: u32 = 50;
+const REQUESTS: usize = 200;
+
+fn policy() -> Policy {
+    Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(LIMIT).unwrap()))
+}
+
+/// Fires `REQUESTS` checks for one key at once, spread round-robin over
+/// `stores`, and counts the passes.
+async fn admitted(stores: Vec<Arc<dyn Store>>) -> usize {
+    let policy = Arc::new(policy());
+    let gate = Arc::new(tokio::sync::Barrier::new(REQUESTS));
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let (store, policy, gate) = (
+                stores[i % stores.len()].clone(),
+                policy.clone(),
+                gate.clone(),
+            );
+            tokio::spawn(async move {
+                gate.wait().await;
+                store
+                    .check(&policy, &Key::new("hot"), 1)
+                    .await
+                    .unwrap()
+                    .allowed
+            })
+        })
+        .collect();
+    let mut passes = 0;
+    for t in tasks {
+        passes += usize::from(t.await.unwrap());
+    }
+    passes
+}
+
+async fn redis_store(prefix: &str) -> Arc<dyn Store> {
+    // Each store gets its own connection, as separate app servers would.
+    let conn = redis::Client::open(shared_url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    Arc::new(
+        RedisStore::from_manager(conn)
+            .prefix(prefix)
+            .build()
+            .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_store_admits_exactly_the_limit() {
+    assert_eq!(
+        admitted(vec![Arc::new(MemoryStore::new())]).await,
+        LIMIT as usize
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_redis_store_admits_exactly_the_limit() {
+    let prefix = unique_prefix("conc1");
+    assert_eq!(
+        admitted(vec![redis_store(&prefix).await]).await,
+        LIMIT as usize
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_app_servers_sharing_one_redis_admit_exactly_the_limit() {
+    let prefix = unique_prefix("conc2");
+    let stores = vec![redis_store(&prefix).await, redis_store(&prefix).await];
+    assert_eq!(admitted(stores).await, LIMIT as usize);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_layer_under_axum_clones_shares_one_budget() {
+    // Regression for limiting inside the service (axum#2634): every clone got
+    // its own budget and a 5 req/s cap let 1,500 concurrent requests through.
+    let layer = RateLimitLayer::builder()
+        .policy(policy())
+        .store(redis_store(&unique_prefix("conc3")).await)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+        .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 1], 1))));
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                app.oneshot(Request::get("/").body(Body::empty()).unwrap())
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        let status = t.await.unwrap();
+        assert!(
+            status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+            "{status}"
+        );
+        ok += usize::from(status == StatusCode::OK);
+    }
+    assert_eq!(ok, LIMIT as usize);
+}

@@ -1,0 +1,32 @@
+//! The conformance suite against the memory store and a single Redis.
+//! (Cluster and sharded topologies run it from `tests/topologies.rs`.)
+
+mod support;
+
+use support::conformance::{Backend, T0};
+use tollgate::{ManualClock, MemoryStore, RedisStore};
+
+async fn memory() -> Backend {
+    let clock = ManualClock::new(T0);
+    Backend::new(MemoryStore::with_clock(clock.clone()), clock)
+}
+
+async fn single_redis() -> Backend {
+    let clock = ManualClock::new(T0);
+    let client = redis::Client::open(support::redis::shared_url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let store = RedisStore::from_manager(conn)
+        .prefix(support::redis::unique_prefix("conf"))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    Backend::new(store, clock)
+}
+
+mod memory_store {
+    crate::conformance_suite!(crate::memory);
+}
+
+mod redis_store {
+    crate::conformance_suite!(crate::single_redis);
+}

@@ -1,0 +1,360 @@
+//! The layer as a client sees it: statuses, headers, bodies, refunds and
+//! whose address counts, through an axum `Router`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use tollgate::{
+    ForwardedIp, HeaderKey, KeyExtractor, ManualClock, MemoryStore, PeerIp, Policy, Quota,
+    RateLimitHeaders, RateLimitLayer, RouteKey,
+};
+use tower::ServiceExt;
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn quota(n: u32, secs: u64) -> Quota {
+    Quota::new(n, Duration::from_secs(secs)).unwrap()
+}
+
+fn builder(n: u32, secs: u64, clock: &ManualClock) -> tollgate::RateLimitLayerBuilder {
+    RateLimitLayer::builder()
+        .policy(Policy::fixed_window("core", quota(n, secs)))
+        .store(MemoryStore::with_clock(clock.clone()))
+}
+
+/// Answers 304 when `If-None-Match` matches the ETag, as conditional GETs do.
+async fn tiger(headers: HeaderMap) -> impl IntoResponse {
+    if headers.get("if-none-match").is_some_and(|v| v == "\"t1\"") {
+        return (StatusCode::NOT_MODIFIED, [("etag", "\"t1\"")], "").into_response();
+    }
+    (StatusCode::OK, [("etag", "\"t1\"")], "feeding at noon").into_response()
+}
+
+fn app(layer: RateLimitLayer, peer: [u8; 4]) -> Router {
+    Router::new()
+        .route("/tiger", get(tiger))
+        .layer(layer)
+        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, HeaderMap, String) {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let body = to_bytes(body, 1 << 20).await.unwrap();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+fn get_tiger() -> Request<Body> {
+    Request::get("/tiger").body(Body::empty()).unwrap()
+}
+
+fn h<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn passes_carry_github_headers_with_one_reset_per_window() {
+    let clock = ManualClock::new(T0);
+    let app = app(builder(3, 60, &clock).build().unwrap(), [192, 0, 2, 1]);
+    let mut resets = Vec::new();
+    for (i, remaining) in ["2", "1", "0"].into_iter().enumerate() {
+        clock.advance(Duration::from_millis(333));
+        let (status, headers, body) = send(&app, get_tiger()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, "feeding at noon");
+        assert_eq!(h(&headers, "x-ratelimit-limit"), "3");
+        assert_eq!(h(&headers, "x-ratelimit-remaining"), remaining);
+        assert_eq!(h(&headers, "x-ratelimit-used"), (i + 1).to_string());
+        assert_eq!(h(&headers, "x-ratelimit-resource"), "core");
+        assert!(headers.get("retry-after").is_none());
+        resets.push(h(&headers, "x-ratelimit-reset").to_owned());
+    }
+    // The window opened at T0 + 0.333 s and ends 60 s later; rounded up.
+    assert_eq!(resets, vec![(T0 / 1_000_000 + 61).to_string(); 3]);
+}
+
+#[tokio::test]
+async fn rejection_is_429_with_remaining_zero_retry_after_and_a_json_message() {
+    let clock = ManualClock::new(T0);
+    let app = app(builder(1, 10, &clock).build().unwrap(), [192, 0, 2, 2]);
+    send(&app, get_tiger()).await;
+    clock.advance(Duration::from_millis(9_100));
+    let (status, headers, body) = send(&app, get_tiger()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(h(&headers, "x-ratelimit-remaining"), "0");
+    assert_eq!(h(&headers, "x-ratelimit-used"), "1");
+    assert_eq!(
+        h(&headers, "x-ratelimit-reset"),
+        (T0 / 1_000_000 + 10).to_string()
+    );
+    assert_eq!(
+        h(&headers, "retry-after"),
+        "1",
+        "0.9 s rounds up to 1, never 0"
+    );
+    assert_eq!(h(&headers, "content-type"), "application/json");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("rate limit exceeded"),
+        "{json}"
+    );
+    assert_eq!(json["resource"], "core");
+}
+
+#[tokio::test]
+async fn rejection_status_can_be_403_as_github_sends() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(1, 10, &clock)
+        .limited_status(StatusCode::FORBIDDEN)
+        .build()
+        .unwrap();
+    let app = app(layer, [192, 0, 2, 3]);
+    send(&app, get_tiger()).await;
+    assert_eq!(send(&app, get_tiger()).await.0, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn not_modified_is_refunded_and_says_so_in_its_headers() {
+    let clock = ManualClock::new(T0);
+    let app = app(builder(2, 60, &clock).build().unwrap(), [192, 0, 2, 4]);
+    let conditional = || {
+        Request::get("/tiger")
+            .header("if-none-match", "\"t1\"")
+            .body(Body::empty())
+            .unwrap()
+    };
+    for _ in 0..5 {
+        let (status, headers, _) = send(&app, conditional()).await;
+        assert_eq!(status, StatusCode::NOT_MODIFIED);
+        assert_eq!(h(&headers, "x-ratelimit-remaining"), "2");
+        assert_eq!(h(&headers, "x-ratelimit-used"), "0");
+    }
+    assert_eq!(
+        h(&send(&app, get_tiger()).await.1, "x-ratelimit-remaining"),
+        "1"
+    );
+    assert_eq!(
+        h(&send(&app, get_tiger()).await.1, "x-ratelimit-remaining"),
+        "0"
+    );
+    assert_eq!(
+        send(&app, conditional()).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn refund_predicate_is_configurable() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(1, 60, &clock)
+        .refund_when(|s| s.is_server_error())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/boom", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+        .route("/tiger", get(tiger))
+        .layer(layer)
+        .layer(MockConnectInfo(SocketAddr::from(([192, 0, 2, 5], 1))));
+    for _ in 0..3 {
+        let (status, headers, _) =
+            send(&app, Request::get("/boom").body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(h(&headers, "x-ratelimit-remaining"), "1");
+    }
+    let cond = Request::get("/tiger")
+        .header("if-none-match", "\"t1\"")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        h(&send(&app, cond).await.1, "x-ratelimit-remaining"),
+        "0",
+        "304 no longer refunded"
+    );
+}
+
+#[tokio::test]
+async fn spoofed_forwarded_for_from_an_untrusted_peer_is_ignored() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(1, 60, &clock)
+        .key(ForwardedIp::trusting(["10.0.0.0/8"]).unwrap())
+        .build()
+        .unwrap();
+    let direct = app(layer.clone(), [203, 0, 113, 50]);
+    let spoofed = |ip: &str| {
+        Request::get("/tiger")
+            .header("x-forwarded-for", ip)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(send(&direct, spoofed("1.1.1.1")).await.0, StatusCode::OK);
+    // A fresh fake address each time buys nothing: the peer is the key.
+    assert_eq!(
+        send(&direct, spoofed("2.2.2.2")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let via_proxy = app(layer, [10, 0, 0, 7]);
+    assert_eq!(
+        send(&via_proxy, spoofed("1.1.1.1, 198.51.100.9")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&via_proxy, spoofed("3.3.3.3, 198.51.100.9")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&via_proxy, spoofed("198.51.100.10")).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn api_key_callers_have_their_own_budget_and_others_fall_back_to_the_ip() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(1, 60, &clock)
+        .key(HeaderKey::new("x-api-key").or(PeerIp::new()))
+        .build()
+        .unwrap();
+    let app = app(layer, [192, 0, 2, 6]);
+    let with_key = |k: &str| {
+        Request::get("/tiger")
+            .header("x-api-key", k)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(send(&app, with_key("alice")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&app, with_key("alice")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&app, with_key("bob")).await.0, StatusCode::OK);
+    assert_eq!(send(&app, get_tiger()).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&app, get_tiger()).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_gets_400_and_never_a_panic() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(5, 60, &clock)
+        .key(HeaderKey::new("x-api-key"))
+        .build()
+        .unwrap();
+    let (status, _, body) = send(&app(layer, [192, 0, 2, 7]), get_tiger()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("cannot identify the caller"), "{body}");
+
+    // No ConnectInfo at all (served without connect info): still an answer.
+    let layer = builder(5, 60, &clock).build().unwrap();
+    let bare = Router::new().route("/tiger", get(tiger)).layer(layer);
+    assert_eq!(send(&bare, get_tiger()).await.0, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn route_layer_keys_by_route_template_not_raw_path() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(2, 60, &clock)
+        .key(RouteKey.and(PeerIp::new()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/users/{id}", get(|| async { "user" }))
+        .route_layer(layer)
+        .layer(MockConnectInfo(SocketAddr::from(([192, 0, 2, 8], 1))));
+    let user = |id: u32| {
+        Request::get(format!("/users/{id}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(send(&app, user(1)).await.0, StatusCode::OK);
+    assert_eq!(send(&app, user(2)).await.0, StatusCode::OK);
+    assert_eq!(send(&app, user(3)).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // Unmatched routes never reach a route_layer: 404, not limited.
+    let (status, headers, _) = send(&app, Request::get("/nope").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(headers.get("x-ratelimit-limit").is_none());
+}
+
+#[tokio::test]
+async fn ietf_draft_headers_on_request_and_github_ones_can_be_switched_off() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(100, 60, &clock)
+        .headers(RateLimitHeaders::NONE.with_ietf_draft(true))
+        .build()
+        .unwrap();
+    let app = app(layer, [192, 0, 2, 9]);
+    clock.advance(Duration::from_millis(1));
+    let (_, headers, _) = send(&app, get_tiger()).await;
+    assert_eq!(h(&headers, "ratelimit-policy"), "\"core\";q=100;w=60");
+    assert_eq!(h(&headers, "ratelimit"), "\"core\";r=99;t=60");
+    assert!(headers.get("x-ratelimit-limit").is_none());
+}
+
+#[tokio::test]
+async fn cost_comes_from_the_request() {
+    let clock = ManualClock::new(T0);
+    let layer = builder(10, 60, &clock)
+        .cost(|parts| {
+            if parts.uri.query() == Some("search") {
+                7
+            } else {
+                1
+            }
+        })
+        .build()
+        .unwrap();
+    let app = app(layer, [192, 0, 2, 10]);
+    let search = || Request::get("/tiger?search").body(Body::empty()).unwrap();
+    assert_eq!(
+        h(&send(&app, search()).await.1, "x-ratelimit-remaining"),
+        "3"
+    );
+    assert_eq!(send(&app, search()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        h(&send(&app, get_tiger()).await.1, "x-ratelimit-remaining"),
+        "2"
+    );
+}
+
+#[test]
+fn bad_configuration_is_an_error_at_build_time() {
+    let q = quota(1, 1);
+    assert!(RateLimitLayer::builder()
+        .build()
+        .unwrap_err()
+        .to_string()
+        .contains("policy is required"));
+    assert!(RateLimitLayer::builder()
+        .policy(Policy::fixed_window("has space", q))
+        .build()
+        .is_err());
+    assert!(RateLimitLayer::builder()
+        .policy(Policy::fixed_window("core", q))
+        .limited_status(StatusCode::OK)
+        .build()
+        .is_err());
+    assert!(RateLimitLayer::builder()
+        .policy(Policy::fixed_window("core", q))
+        .deadline(Duration::ZERO)
+        .build()
+        .is_err());
+}

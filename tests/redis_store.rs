@@ -1,0 +1,307 @@
+//! What only a real Redis can show: round trips, expiries, script reloads,
+//! and what the layer does when Redis is gone or slow.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use redis::Commands;
+use support::redis::{shared_url, unique_prefix, RedisServer};
+use tollgate::{
+    FailurePolicy, Key, Policy, Quota, RateLimitLayer, RedisStore, Store, StoreErrorKind,
+};
+use tower::ServiceExt;
+
+fn per_minute(n: u32) -> Quota {
+    Quota::per_minute(NonZeroU32::new(n).unwrap())
+}
+
+async fn store_on(url: &str, prefix: &str) -> RedisStore {
+    let conn = redis::Client::open(url)
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    RedisStore::from_manager(conn)
+        .prefix(prefix)
+        .build()
+        .unwrap()
+}
+
+/// Commands our scripts run inside Redis. `INFO commandstats` counts those
+/// too, so they are left out to see what clients sent.
+const RUN_BY_SCRIPTS: &[&str] = &["time", "hmget", "hset", "pexpire", "hincrby"];
+
+/// Client-sent `calls` per command, from `INFO commandstats`.
+fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .filter(|(name, _)| !["info", "config|resetstat"].contains(&name.as_str()))
+        .filter(|(name, _)| !RUN_BY_SCRIPTS.contains(&name.as_str()))
+        .collect()
+}
+
+fn reset_stats(server: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.conn())
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_decision_is_one_evalsha_and_one_refund_is_one_evalsha() {
+    let server = RedisServer::start();
+    let store = store_on(&server.url(), "rt").await;
+    let policy = Policy::fixed_window("core", per_minute(1000))
+        .and(Quota::per_hour(NonZeroU32::new(5000).unwrap()));
+    let key = Key::new("bob");
+    // First use of each script loads it (NOSCRIPT, SCRIPT LOAD, retry).
+    let warm = store.check(&policy, &key, 1).await.unwrap();
+    store.refund(&policy, &key, &warm.receipt).await.unwrap();
+    store.peek(&policy, &key).await.unwrap();
+
+    reset_stats(&server);
+    let mut receipts = Vec::new();
+    for _ in 0..100 {
+        receipts.push(store.check(&policy, &key, 1).await.unwrap().receipt);
+    }
+    assert_eq!(command_calls(&server), [("evalsha".to_owned(), 100)].into());
+
+    reset_stats(&server);
+    for r in receipts.iter().take(10) {
+        store.refund(&policy, &key, r).await.unwrap();
+    }
+    store.peek(&policy, &key).await.unwrap();
+    assert_eq!(
+        command_calls(&server),
+        [("evalsha".to_owned(), 10), ("evalsha_ro".to_owned(), 1)].into()
+    );
+}
+
+#[tokio::test]
+async fn a_deadpool_pool_adds_no_ping_per_decision() {
+    let server = RedisServer::start();
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = RedisStore::from_pool(pool).prefix("pool").build().unwrap();
+    let policy = Policy::fixed_window("core", per_minute(1000));
+    store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+
+    reset_stats(&server);
+    for i in 0..50 {
+        store
+            .check(&policy, &Key::new(format!("k{i}")), 1)
+            .await
+            .unwrap();
+    }
+    assert_eq!(command_calls(&server), [("evalsha".to_owned(), 50)].into());
+}
+
+#[tokio::test]
+async fn script_flush_is_recovered_without_a_failed_decision() {
+    let server = RedisServer::start();
+    let store = store_on(&server.url(), "flush").await;
+    let policy = Policy::fixed_window("core", per_minute(10));
+    let key = Key::new("bob");
+    assert_eq!(store.check(&policy, &key, 1).await.unwrap().remaining, 9);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(store.check(&policy, &key, 1).await.unwrap().remaining, 8);
+    let stats = command_calls(&server);
+    assert_eq!(
+        stats.get("script|load"),
+        Some(&2),
+        "loaded on first use and after the flush: {stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_key_written_has_an_expiry_one_second_past_its_window() {
+    let url = shared_url();
+    let prefix = unique_prefix("ttl");
+    let store = store_on(&url, &prefix).await;
+    let policy = Policy::fixed_window("core", Quota::new(5, Duration::from_secs(10)).unwrap())
+        .and(per_minute(20));
+    for i in 0..20 {
+        let key = Key::new(format!("caller{}", i % 7));
+        let d = store.check(&policy, &key, 1).await.unwrap();
+        if i % 3 == 0 && d.allowed {
+            store.refund(&policy, &key, &d.receipt).await.unwrap();
+        }
+    }
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = conn
+        .scan_match(format!("{prefix}:*"))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(keys.len(), 14, "7 callers x 2 quotas: {keys:?}");
+    for key in keys {
+        let ttl: i64 = conn.pttl(&key).unwrap();
+        let window_ms = if key.ends_with(":0") { 10_000 } else { 60_000 };
+        assert!(
+            ttl > window_ms - 1_000 && ttl <= window_ms + 1_000,
+            "{key} has PTTL {ttl}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_is_a_store_error_not_a_panic() {
+    let url = shared_url();
+    let prefix = unique_prefix("wrongtype");
+    let store = store_on(&url, &prefix).await;
+    let policy = Policy::fixed_window("core", per_minute(10));
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let _: () = conn
+        .set_ex(format!("{prefix}:{{core|bob}}:fixed_window:0"), "x", 60)
+        .unwrap();
+    let err = store.check(&policy, &Key::new("bob"), 1).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Rejected, "{err}");
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+        .layer(MockConnectInfo(SocketAddr::from(([192, 0, 2, 1], 1234))))
+}
+
+async fn get_root(app: &Router) -> (axum::http::Response<Body>, Duration) {
+    let started = Instant::now();
+    let res = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    (res, started.elapsed())
+}
+
+fn layer(store: RedisStore, failure: FailurePolicy) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .policy(Policy::fixed_window("core", per_minute(2)))
+        .store(store)
+        .deadline(Duration::from_millis(100))
+        .on_store_failure(failure)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redis_down_applies_each_failure_policy_without_hanging() {
+    let mut server = RedisServer::start();
+    let store = store_on(&server.url(), "down").await;
+    server.stop();
+
+    let open = app(layer(store.clone(), FailurePolicy::Open));
+    let (res, took) = get_root(&open).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-ratelimit-fallback"], "open");
+    assert!(res.headers().get("x-ratelimit-remaining").is_none());
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+
+    let closed = app(layer(
+        store.clone(),
+        FailurePolicy::closed(Duration::from_millis(1500)),
+    ));
+    let (res, took) = get_root(&closed).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "2");
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+
+    let local = app(layer(store, FailurePolicy::local()));
+    for remaining in ["1", "0"] {
+        let (res, _) = get_root(&local).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["x-ratelimit-fallback"], "local");
+        assert_eq!(res.headers()["x-ratelimit-remaining"], remaining);
+    }
+    let (res, took) = get_root(&local).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the local limit holds meanwhile"
+    );
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+}
+
+#[tokio::test]
+async fn a_redis_slower_than_the_deadline_applies_the_failure_policy() {
+    let server = RedisServer::start();
+    let store = store_on(&server.url(), "slow").await;
+    let policy = Policy::fixed_window("core", per_minute(2));
+    store.check(&policy, &Key::new("warm-up"), 1).await.unwrap(); // loads the script
+    let app = app(layer(store, FailurePolicy::Open));
+    assert_eq!(
+        get_root(&app).await.0.headers()["x-ratelimit-remaining"],
+        "1"
+    );
+
+    let url = server.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.6")
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await; // let DEBUG SLEEP start
+    let (res, took) = get_root(&app).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["x-ratelimit-fallback"], "open");
+    assert!(
+        took < Duration::from_millis(300),
+        "answered after the 100 ms deadline, not after Redis: {took:?}"
+    );
+    sleeper.join().unwrap();
+}
+
+#[tokio::test]
+async fn decisions_resume_after_a_redis_restart() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let policy = Policy::fixed_window("core", per_minute(100));
+    let key = Key::new("bob");
+    assert!(store.check(&policy, &key, 1).await.unwrap().allowed);
+
+    server.stop();
+    let err = store.check(&policy, &key, 1).await.unwrap_err();
+    assert_ne!(err.kind(), StoreErrorKind::Protocol, "{err}");
+    server.restart(); // an empty Redis: no keys, no scripts
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let decision = loop {
+        match store.check(&policy, &key, 1).await {
+            Ok(d) => break d,
+            Err(err) if Instant::now() < deadline => {
+                tracing::debug!(%err, "still reconnecting");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("no decision 5 s after the restart: {err}"),
+        }
+    };
+    assert!(decision.allowed);
+    assert_eq!(
+        decision.remaining, 99,
+        "a fresh Redis starts a fresh window"
+    );
+}

@@ -1,0 +1,652 @@
+//! The store conformance suite: written once, run against every backend.
+//!
+//! Each case is a table of steps at explicit times on a `ManualClock`; a
+//! backend is any `Store` built on that clock. `conformance_suite!(factory)`
+//! expands to one `#[tokio::test]` per case, so a topology opts in with one
+//! line and a failure names the case and the backend's module.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{Decision, Key, ManualClock, Policy, Quota, Receipt, Store};
+
+/// The epoch the tables count from: 2023-11-14T22:13:20Z, in µs.
+pub const T0: u64 = 1_700_000_000_000_000;
+
+/// A store under test and the clock it reads.
+pub struct Backend {
+    pub store: Arc<dyn Store>,
+    pub clock: ManualClock,
+}
+
+impl Backend {
+    pub fn new(store: impl Store, clock: ManualClock) -> Self {
+        Self {
+            store: Arc::new(store),
+            clock,
+        }
+    }
+}
+
+/// `n` per `secs` seconds.
+pub fn quota(n: u32, secs: u64) -> Quota {
+    Quota::new(n, Duration::from_secs(secs)).unwrap()
+}
+
+/// What a step does.
+#[derive(Clone, Copy, Debug)]
+pub enum Op {
+    /// Charge `cost` to `key`.
+    Check(&'static str, u64),
+    /// Look at `key` without charging.
+    Peek(&'static str),
+    /// Refund the receipt of step number `n` (0-based) of this table.
+    Refund(&'static str, usize),
+}
+
+/// What the step must answer. Times are ms after `T0`.
+#[derive(Clone, Copy, Debug)]
+pub enum Expect {
+    /// Allowed, with `remaining` left and the window ending at `reset_ms`.
+    Pass { remaining: u64, reset_ms: u64 },
+    /// Rejected, retry after `retry_ms`, the window ending at `reset_ms`.
+    Limited { reset_ms: u64, retry_ms: u64 },
+    /// No decision to check (refunds).
+    Done,
+}
+
+pub use Expect::{Done, Limited, Pass};
+pub use Op::{Check, Peek, Refund};
+
+/// One row: at `at_ms` after `T0`, do `op`, expect `expect`.
+pub type Step = (u64, Op, Expect);
+
+/// Runs `steps` against `backend` under `policy` and checks every answer,
+/// naming the step that disagreed.
+pub async fn run(backend: &Backend, policy: &Policy, steps: &[Step]) -> Vec<Option<Decision>> {
+    let mut seen: Vec<Option<Decision>> = Vec::new();
+    for (i, &(at_ms, op, expect)) in steps.iter().enumerate() {
+        backend.clock.set(T0 + at_ms * 1000);
+        let decision = match op {
+            Op::Check(key, cost) => Some(
+                backend
+                    .store
+                    .check(policy, &Key::new(key), cost)
+                    .await
+                    .unwrap(),
+            ),
+            Op::Peek(key) => Some(backend.store.peek(policy, &Key::new(key)).await.unwrap()),
+            Op::Refund(key, n) => {
+                let receipt: Receipt = seen[n]
+                    .as_ref()
+                    .expect("refund of a step with a decision")
+                    .receipt
+                    .clone();
+                backend
+                    .store
+                    .refund(policy, &Key::new(key), &receipt)
+                    .await
+                    .unwrap();
+                None
+            }
+        };
+        let here = format!("step {i} at +{at_ms} ms: {op:?}");
+        match (expect, &decision) {
+            (
+                Expect::Pass {
+                    remaining,
+                    reset_ms,
+                },
+                Some(d),
+            ) => {
+                assert!(d.allowed, "{here}: expected a pass, got {d:?}");
+                assert_eq!(d.remaining, remaining, "{here}: remaining");
+                assert_eq!(d.used, d.limit - remaining, "{here}: used");
+                assert_eq!(d.reset_at_micros, T0 + reset_ms * 1000, "{here}: reset-at");
+                assert_eq!(d.retry_after, None, "{here}: retry-after");
+            }
+            (Expect::Limited { reset_ms, retry_ms }, Some(d)) => {
+                assert!(!d.allowed, "{here}: expected a rejection, got {d:?}");
+                assert_eq!(d.remaining, 0, "{here}: remaining");
+                assert_eq!(d.reset_at_micros, T0 + reset_ms * 1000, "{here}: reset-at");
+                assert_eq!(
+                    d.retry_after,
+                    Some(Duration::from_millis(retry_ms)),
+                    "{here}: retry-after"
+                );
+            }
+            (Expect::Done, None) => {}
+            (e, d) => panic!("{here}: expected {e:?}, got {d:?}"),
+        }
+        seen.push(decision);
+    }
+    seen
+}
+
+pub mod fixed_window {
+    //! Cases for GitHub's fixed window.
+    use super::*;
+
+    fn policy(quotas: &[Quota]) -> Policy {
+        let mut p = Policy::fixed_window("core", quotas[0]);
+        for q in &quotas[1..] {
+            p = p.and(*q);
+        }
+        p
+    }
+
+    pub async fn window_opens_counts_down_and_rejects(b: Backend) {
+        run(
+            &b,
+            &policy(&[quota(3, 10)]),
+            &[
+                (
+                    0,
+                    Check("bob", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    1_000,
+                    Check("bob", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    2_500,
+                    Check("bob", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    3_000,
+                    Check("bob", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 7_000,
+                    },
+                ),
+                (
+                    9_999,
+                    Check("bob", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 1,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn reset_at_is_stored_not_recomputed(b: Backend) {
+        // Every response of one window names the same end, whenever it comes.
+        let steps: Vec<Step> = (0..5)
+            .map(|i| {
+                (
+                    i * 1_777,
+                    Check("carol", 1),
+                    Pass {
+                        remaining: 9 - i,
+                        reset_ms: 60_000,
+                    },
+                )
+            })
+            .collect();
+        run(&b, &policy(&[quota(10, 60)]), &steps).await;
+    }
+
+    pub async fn window_rolls_over_at_its_stored_end(b: Backend) {
+        run(
+            &b,
+            &policy(&[quota(2, 10)]),
+            &[
+                (
+                    0,
+                    Check("dan", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    5_000,
+                    Check("dan", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    9_999,
+                    Check("dan", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 1,
+                    },
+                ),
+                // The stored end has passed: a new window opens at this request.
+                (
+                    10_000,
+                    Check("dan", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 20_000,
+                    },
+                ),
+                (
+                    25_000,
+                    Check("dan", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 35_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn rejections_charge_nothing(b: Backend) {
+        run(
+            &b,
+            &policy(&[quota(2, 10)]),
+            &[
+                (
+                    0,
+                    Check("eve", 2),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("eve", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 9_999,
+                    },
+                ),
+                (
+                    2,
+                    Check("eve", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 9_998,
+                    },
+                ),
+                (
+                    10_000,
+                    Check("eve", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 20_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn cost_counts_and_cost_above_limit_is_rejected(b: Backend) {
+        run(
+            &b,
+            &policy(&[quota(10, 10)]),
+            &[
+                (
+                    0,
+                    Check("fay", 4),
+                    Pass {
+                        remaining: 6,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("fay", 7),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 9_999,
+                    },
+                ),
+                (
+                    2,
+                    Check("fay", 6),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    3,
+                    Check("gus", 11),
+                    Limited {
+                        reset_ms: 10_003,
+                        retry_ms: 10_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn keys_are_independent(b: Backend) {
+        run(
+            &b,
+            &policy(&[quota(1, 10)]),
+            &[
+                (
+                    0,
+                    Check("hal", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("hal", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 9_999,
+                    },
+                ),
+                (
+                    2,
+                    Check("ida", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 10_002,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn peek_reports_without_charging(b: Backend) {
+        run(
+            &b,
+            &policy(&[quota(3, 10)]),
+            &[
+                (
+                    0,
+                    Peek("jo"),
+                    Pass {
+                        remaining: 3,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("jo", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 10_001,
+                    },
+                ),
+                (
+                    2,
+                    Peek("jo"),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 10_001,
+                    },
+                ),
+                (
+                    3,
+                    Peek("jo"),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 10_001,
+                    },
+                ),
+                (
+                    4,
+                    Check("jo", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 10_001,
+                    },
+                ),
+                // A window whose stored end is past reads as empty, never exhausted
+                // (replicas keep such keys until the primary expires them).
+                (
+                    10_001,
+                    Peek("jo"),
+                    Pass {
+                        remaining: 3,
+                        reset_ms: 20_001,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn refund_gives_back_inside_the_window_only(b: Backend) {
+        run(
+            &b,
+            &policy(&[quota(2, 10)]),
+            &[
+                (
+                    0,
+                    Check("kim", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("kim", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (2, Refund("kim", 1), Done),
+                (
+                    3,
+                    Peek("kim"),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 10_000,
+                    },
+                ),
+                // Refunding the same receipt again never lifts Remaining above what
+                // was really spent; refunding twice leaves zero spent, not less.
+                (4, Refund("kim", 0), Done),
+                (5, Refund("kim", 0), Done),
+                (
+                    6,
+                    Peek("kim"),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 10_000,
+                    },
+                ),
+                (
+                    7,
+                    Check("kim", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 10_000,
+                    },
+                ),
+                // A new window: the old window's receipt changes nothing.
+                (
+                    10_000,
+                    Check("kim", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 20_000,
+                    },
+                ),
+                (10_001, Refund("kim", 7), Done),
+                (
+                    10_002,
+                    Peek("kim"),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 20_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn several_quotas_are_all_or_nothing(b: Backend) {
+        // 3 per second and 5 per minute: the minute quota runs out first.
+        let p = policy(&[quota(3, 1), quota(5, 60)]);
+        let d = run(
+            &b,
+            &p,
+            &[
+                (
+                    0,
+                    Check("lee", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 1_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("lee", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 1_000,
+                    },
+                ),
+                (
+                    2,
+                    Check("lee", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 1_000,
+                    },
+                ),
+                (
+                    3,
+                    Check("lee", 1),
+                    Limited {
+                        reset_ms: 1_000,
+                        retry_ms: 997,
+                    },
+                ),
+                // The minute quota (2 left) is now the tightest and is reported.
+                (
+                    1_000,
+                    Check("lee", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_000,
+                    },
+                ),
+                (
+                    1_001,
+                    Check("lee", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_000,
+                    },
+                ),
+                // Both reject: the one that frees up last decides Retry-After, and
+                // the per-second window is not charged by the rejection.
+                (
+                    1_002,
+                    Check("lee", 1),
+                    Limited {
+                        reset_ms: 60_000,
+                        retry_ms: 58_998,
+                    },
+                ),
+            ],
+        )
+        .await;
+        assert_eq!(d[6].as_ref().unwrap().quota, 1);
+        assert_eq!(d[6].as_ref().unwrap().limit, 5);
+    }
+
+    pub async fn count_above_a_lowered_limit_keeps_rejecting(b: Backend) {
+        // Regression (published scripts test `count == limit`): once a count
+        // is above the limit, for instance after the limit was lowered, every
+        // request must still be rejected.
+        run(
+            &b,
+            &policy(&[quota(5, 10)]),
+            &[(
+                0,
+                Check("max", 5),
+                Pass {
+                    remaining: 0,
+                    reset_ms: 10_000,
+                },
+            )],
+        )
+        .await;
+        run(
+            &b,
+            &policy(&[quota(3, 10)]),
+            &[
+                (
+                    1,
+                    Check("max", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 9_999,
+                    },
+                ),
+                (
+                    2,
+                    Check("max", 1),
+                    Limited {
+                        reset_ms: 10_000,
+                        retry_ms: 9_998,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+}
+
+/// One `#[tokio::test]` per case for the backend built by `$factory`
+/// (an `async fn() -> Backend`, named by an absolute path such as
+/// `crate::memory`: the cases live in a nested module).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:path) => {
+        $crate::conformance_suite!(@cases $factory;
+            window_opens_counts_down_and_rejects,
+            reset_at_is_stored_not_recomputed,
+            window_rolls_over_at_its_stored_end,
+            rejections_charge_nothing,
+            cost_counts_and_cost_above_limit_is_rejected,
+            keys_are_independent,
+            peek_reports_without_charging,
+            refund_gives_back_inside_the_window_only,
+            several_quotas_are_all_or_nothing,
+            count_above_a_lowered_limit_keeps_rejecting,
+        );
+    };
+    (@cases $factory:path; $($case:ident),* $(,)?) => {
+        mod fixed_window {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    $crate::support::conformance::fixed_window::$case($factory().await).await;
+                }
+            )*
+        }
+    };
+}
