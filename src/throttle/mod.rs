@@ -1,42 +1,4 @@
-//! Throttling mode: when too many callers are active, keep serving the ones
-//! already in a session and refuse new ones, without asking Redis per request.
-//!
-//! Each app server remembers who called in the last `slots × slot_length`
-//! (30 × 1 minute by default) in a ring of bloom filters of fixed size, one
-//! per slot ([`ring`]). The number of active callers is estimated from how
-//! full the filters are. Above the [`threshold`](ThrottleBuilder::threshold)
-//! the service is *throttling*: a caller seen in the window passes, a caller
-//! never seen gets `429` with `Retry-After` until the estimate drops.
-//!
-//! Once per round (every second by default) a background task moves the ring
-//! to the current slot and ORs this server's current filter with the one
-//! shared in Redis ([`sync`]), so every server soon knows every caller and
-//! estimates the same count. The request path never waits on Redis; when
-//! Redis is gone, each server carries on with what it knows.
-//!
-//! The design follows the talk "High Volume Ratelimiting with Redis".
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! use std::time::Duration;
-//! use tollgate::{Key, ManualClock, Throttle};
-//!
-//! let clock = ManualClock::new(0);
-//! let throttle = Throttle::builder("sessions")
-//!     .threshold(2)
-//!     .capacity(1_000)
-//!     .clock(clock.clone())
-//!     .build()
-//!     .unwrap();
-//! for caller in ["ann", "bob", "cid"] {
-//!     assert!(throttle.admit(&Key::new(caller)));
-//! }
-//! throttle.sync_once().await.unwrap(); // the background task does this every second
-//! assert!(throttle.is_throttling());
-//! assert!(throttle.admit(&Key::new("bob")), "in session: still served");
-//! assert!(!throttle.admit(&Key::new("dan")), "new: refused while throttling");
-//! # }
-//! ```
+//! Throttling mode; the design is described on [`Throttle`].
 
 mod codec;
 pub(crate) mod ring;
@@ -57,8 +19,58 @@ use crate::store::RedisStore;
 /// Largest memory the filters of one throttle may take, in bytes.
 const MAX_MEMORY: usize = 1 << 30;
 
-/// The active-caller gate of throttling mode. Cheap to clone: clones share
-/// one ring. See the [module docs](self) for the design.
+/// The active-caller gate of throttling mode: when too many callers are
+/// active, keep serving the ones already in a session and refuse new ones,
+/// without asking Redis per request.
+///
+/// Each app server remembers who called in the last `slots × slot_length`
+/// (30 × 1 minute by default) in a ring of bloom filters of fixed size, one
+/// per slot. The number of active callers is estimated from how
+/// full the filters are. Above the [`threshold`](ThrottleBuilder::threshold)
+/// the service is *throttling*: a caller seen in the window passes, a caller
+/// never seen gets `429` with `Retry-After` until the estimate drops.
+///
+/// Once per round (every second by default) a background task moves the ring
+/// to the current slot and ORs this server's current filter with the one
+/// shared in Redis, so every server soon knows every caller and
+/// estimates the same count. The request path never waits on Redis; when
+/// Redis is gone, each server carries on with what it knows.
+///
+/// The design follows the talk "High Volume Ratelimiting with Redis".
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// use tollgate::{Key, ManualClock, Throttle};
+///
+/// let clock = ManualClock::new(0);
+/// let throttle = Throttle::builder("sessions")
+///     .threshold(2)
+///     .capacity(1_000)
+///     .clock(clock.clone())
+///     .build()
+///     .unwrap();
+/// for caller in ["ann", "bob", "cid"] {
+///     assert!(throttle.admit(&Key::new(caller)));
+/// }
+/// throttle.sync_once().await.unwrap(); // the background task does this every second
+/// assert!(throttle.is_throttling());
+/// assert!(throttle.admit(&Key::new("bob")), "in session: still served");
+/// assert!(!throttle.admit(&Key::new("dan")), "new: refused while throttling");
+/// # }
+/// ```
+///
+/// Cheap to clone: clones share one ring.
+///
+/// **Redis cost** per app server and round, whatever the request rate: one
+/// script call to look for news, one more to publish when this server saw
+/// new callers, one more the round after a slot ends, and one read of the
+/// whole window on the first round (so a server started during a flood
+/// knows the sessions in progress). A write that loses the optimistic
+/// version check is given up until the next round, never retried, so more
+/// servers never means a retry storm; servers whose rounds interleave
+/// converge in two rounds, and `n` servers in perfect lockstep (the worst
+/// case; [`start`](Self::start) picks a random phase to avoid it) in `n + 1`.
 ///
 /// Put it in front of a [`RateLimitLayer`](crate::RateLimitLayer) with
 /// [`RateLimitLayerBuilder::throttle`](crate::RateLimitLayerBuilder::throttle),
@@ -301,8 +313,12 @@ impl Throttle {
             .map_err(|_| ConfigError::new("Throttle::start needs a Tokio runtime"))?;
         let throttle = self.clone();
         let every = self.inner.sync_every;
+        // Servers whose rounds start at the same instant collide on every
+        // write (each round only one wins); a random phase spreads them out.
+        let phase = every.mul_f64(random_fraction());
         let handle = runtime.spawn(async move {
-            let mut interval = tokio::time::interval(every);
+            let start = tokio::time::Instant::now() + phase;
+            let mut interval = tokio::time::interval_at(start, every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;
@@ -593,6 +609,13 @@ impl ThrottleBuilder {
             }),
         })
     }
+}
+
+/// A number in `[0, 1)`, different per call and process.
+fn random_fraction() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// FNV-1a of the name, widened: the same on every server, different per name.
