@@ -24,7 +24,9 @@ fn throttle() -> (Throttle, ManualClock) {
 }
 
 fn keys(prefix: &str) -> Vec<Key> {
-    (0..CALLERS).map(|i| Key::new(format!("{prefix}-{i}"))).collect()
+    (0..CALLERS)
+        .map(|i| Key::new(format!("{prefix}-{i}")))
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {
@@ -77,7 +79,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("baseline_key_clone", |b| {
         b.iter_batched(
             || next(&strangers),
-            |k| black_box(k),
+            black_box,
             criterion::BatchSize::SmallInput,
         )
     });

@@ -53,8 +53,15 @@ fn commands(server: &RedisServer) -> BTreeMap<String, u64> {
             Some((name.to_owned(), calls.parse().ok()?))
         })
         .filter(|(name, _)| {
-            !["info", "config|resetstat", "hmget", "hset", "pexpire", "time"]
-                .contains(&name.as_str())
+            ![
+                "info",
+                "config|resetstat",
+                "hmget",
+                "hset",
+                "pexpire",
+                "time",
+            ]
+            .contains(&name.as_str())
         })
         .collect()
 }
@@ -140,7 +147,9 @@ async fn cache(server: &RedisServer) {
         let allowed = allowed.load(Ordering::Relaxed);
         let degraded = degraded.load(Ordering::Relaxed);
         if degraded > 0 {
-            println!("  ({degraded} decisions fell back to the local store: Redis missed the deadline)");
+            println!(
+                "  ({degraded} decisions fell back to the local store: Redis missed the deadline)"
+            );
         }
         let over = 100_000 - allowed;
         let evalsha = sent.get("evalsha").copied().unwrap_or(0);
@@ -237,7 +246,9 @@ async fn load(addr: std::net::SocketAddr, secs: f64, connections: usize) -> u64 
                     have += r;
                     let text = &buf[..have];
                     if let Some(end) = text.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = std::str::from_utf8(&text[..end]).unwrap().to_ascii_lowercase();
+                        let head = std::str::from_utf8(&text[..end])
+                            .unwrap()
+                            .to_ascii_lowercase();
                         assert!(head.starts_with("http/1.1 200"), "{head}");
                         let len: usize = head
                             .lines()
