@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod access;
 mod clock;
 mod decision;
 mod error;
@@ -50,6 +51,10 @@ mod key;
 mod layer;
 mod limiter;
 mod local;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 mod quota;
 mod response;
 mod service;
@@ -57,6 +62,7 @@ mod store;
 mod strategy;
 mod throttle;
 
+pub use access::ClientIp;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Receipt};
 pub use error::{ConfigError, KeyError, StoreError, StoreErrorKind};

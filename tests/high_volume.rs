@@ -522,3 +522,115 @@ async fn a_refund_frees_a_cached_last_unit() {
     assert_eq!(snapshot(&app, "eve").await.0, StatusCode::OK);
     assert_eq!(snapshot(&app, "eve").await.0, StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[tokio::test]
+async fn shadow_mode_neither_throttles_nor_answers_from_the_cache() {
+    let clock = ManualClock::new(T0);
+    let throttle = Throttle::builder("sessions")
+        .threshold(0)
+        .capacity(100)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::fixed_window(
+            "core",
+            Quota::per_minute(NonZeroU32::new(1).unwrap()),
+        ))
+        .key(HeaderKey::new("x-api-key"))
+        .store(MemoryStore::with_clock(clock.clone()))
+        .throttle(throttle.clone())
+        .local_cache(LocalCache::new(100).clock(clock.clone()))
+        .shadow(true)
+        .build()
+        .unwrap();
+    let app = app(layer.clone());
+    assert_eq!(snapshot(&app, "ann").await.0, StatusCode::OK);
+    throttle.sync_once().await.unwrap();
+    assert!(throttle.is_throttling());
+    let (status, headers, _) = snapshot(&app, "new").await;
+    assert_eq!(status, StatusCode::OK, "would have been throttled");
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "x-ratelimit-remaining" && v == "0"));
+    assert_eq!(
+        throttle.stats().refused,
+        1,
+        "but the would-be refusal is counted"
+    );
+    assert_eq!(snapshot(&app, "ann").await.0, StatusCode::OK);
+    assert_eq!(layer.local_cache_hits(), 0);
+}
+
+#[cfg(feature = "metrics")]
+mod metrics {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    #[tokio::test]
+    async fn throttled_and_cached_decisions_and_the_active_callers_gauge_are_reported() {
+        let recorder: &'static DebuggingRecorder = Box::leak(Box::new(DebuggingRecorder::new()));
+        let snapshotter = recorder.snapshotter();
+        let _guard = ::metrics::set_default_local_recorder(recorder);
+
+        let clock = ManualClock::new(T0);
+        let throttle = Throttle::builder("sessions")
+            .threshold(1)
+            .capacity(100)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let app = app(RateLimitLayer::builder()
+            .policy(Policy::fixed_window(
+                "core",
+                Quota::per_minute(NonZeroU32::new(1).unwrap()),
+            ))
+            .key(HeaderKey::new("x-api-key"))
+            .store(MemoryStore::with_clock(clock.clone()))
+            .throttle(throttle.clone())
+            .local_cache(LocalCache::new(100).clock(clock.clone()))
+            .build()
+            .unwrap());
+        assert_eq!(snapshot(&app, "ann").await.0, StatusCode::OK);
+        assert_eq!(snapshot(&app, "bob").await.0, StatusCode::OK);
+        assert_eq!(snapshot(&app, "ann").await.0, StatusCode::TOO_MANY_REQUESTS);
+        throttle.sync_once().await.unwrap();
+        assert_eq!(snapshot(&app, "cid").await.0, StatusCode::TOO_MANY_REQUESTS);
+
+        let seen: Vec<(String, Vec<String>, DebugValue)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (key.key().name().to_owned(), labels, value)
+            })
+            .collect();
+        let value = |name: &str, label: &str| {
+            seen.iter()
+                .find(|(n, l, _)| n == name && l.iter().any(|x| x == label))
+                .map(|(_, _, v)| format!("{v:?}"))
+        };
+        let outcome = |o: &str| {
+            value(tollgate::metrics::DECISIONS, &format!("outcome={o}")).unwrap_or_default()
+        };
+        assert_eq!(outcome("allowed"), format!("{:?}", DebugValue::Counter(2)));
+        assert_eq!(outcome("limited"), format!("{:?}", DebugValue::Counter(1)));
+        assert_eq!(
+            outcome("throttled"),
+            format!("{:?}", DebugValue::Counter(1))
+        );
+        assert_eq!(
+            value(tollgate::metrics::LOCAL_CACHE_HITS, "policy=core"),
+            Some(format!("{:?}", DebugValue::Counter(1)))
+        );
+        assert_eq!(
+            value(tollgate::metrics::ACTIVE_CALLERS, "policy=core"),
+            Some(format!("{:?}", DebugValue::Gauge(2.0.into())))
+        );
+    }
+}

@@ -13,8 +13,9 @@ use http::{Response, StatusCode};
 
 use self::cache::DecisionCache;
 use crate::decision::Decision;
-use crate::headers::RateLimitHeaders;
 use crate::key::Key;
+use crate::limiter::Limiter;
+use crate::metrics::Outcome;
 use crate::quota::Policy;
 use crate::throttle::Throttle;
 
@@ -34,29 +35,47 @@ impl LocalDecisions {
         self.cache = (options.capacity() > 0).then(|| DecisionCache::new(options));
     }
 
-    /// Before the store: a response if this request is decided here.
+    /// The deciders for a layer enforcing `policy`: a throttle reports its
+    /// active-caller estimate under each policy it gates.
+    pub(crate) fn gating(self, policy: &Policy) -> Self {
+        if let Some(throttle) = &self.throttle {
+            throttle.report_under(policy);
+        }
+        self
+    }
+
+    /// Before the store: a response if this request is decided here, with
+    /// its metrics outcome. In shadow mode nothing is refused here: the
+    /// throttle only notes the caller (counting a would-be refusal in
+    /// `Throttle::stats`), and the cache is not asked.
     pub(crate) fn before_store(
         &self,
-        policy: &Policy,
+        limiter: &Limiter,
         key: &Key,
         cost: u64,
-        status: StatusCode,
-        headers: RateLimitHeaders,
-    ) -> Option<Response<Body>> {
+    ) -> Option<(Response<Body>, Outcome)> {
+        let policy = &limiter.policy;
         if let Some(throttle) = &self.throttle {
-            if !throttle.admit(key) {
+            if !throttle.admit(key) && !limiter.shadow {
                 tracing::debug!(policy = policy.name(), "throttling: new caller refused");
-                return Some(throttled(status, throttle));
+                return Some((
+                    throttled(limiter.limited_status, throttle),
+                    Outcome::Throttled,
+                ));
             }
         }
+        if limiter.shadow {
+            return None;
+        }
         let rejection = self.cache.as_ref()?.rejection(key, cost)?;
+        crate::metrics::local_cache_hit(policy);
         tracing::debug!(
             policy = policy.name(),
             "rate limit decision from the local cache"
         );
-        Some(crate::response::limited(
-            status, policy, &rejection, headers,
-        ))
+        let response =
+            crate::response::limited(limiter.limited_status, policy, &rejection, limiter.headers);
+        Some((response, Outcome::Limited))
     }
 
     /// After the (main) store decided: remember what will hold.

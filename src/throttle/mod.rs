@@ -14,6 +14,7 @@ use self::sync::{RedisSync, RoundCounts};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
+use crate::quota::Policy;
 use crate::store::RedisStore;
 
 /// Largest memory the filters of one throttle may take, in bytes.
@@ -121,6 +122,9 @@ struct Inner {
     conflicts: AtomicU64,
     errors: AtomicU64,
     refused: AtomicU64,
+    /// Policies whose layers this throttle gates: the active-caller gauge is
+    /// set under each.
+    policies: std::sync::Mutex<Vec<Policy>>,
 }
 
 impl fmt::Debug for Throttle {
@@ -259,6 +263,14 @@ impl Throttle {
             u64::MAX
         };
         inner.estimate.store(active, Relaxed);
+        for policy in inner
+            .policies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            crate::metrics::active_callers(policy, active as f64);
+        }
         let throttling = active > inner.threshold;
         if inner.throttling.swap(throttling, Relaxed) != throttling {
             tracing::info!(
@@ -293,6 +305,19 @@ impl Throttle {
                 inner.errors.fetch_add(1, Relaxed);
                 Err(err)
             }
+        }
+    }
+
+    /// Reports the active-caller estimate under `policy` too (the layer
+    /// calls this when the throttle gates its policy).
+    pub(crate) fn report_under(&self, policy: &Policy) {
+        let mut policies = self
+            .inner
+            .policies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !policies.iter().any(|p| p.name() == policy.name()) {
+            policies.push(policy.clone());
         }
     }
 
@@ -606,6 +631,7 @@ impl ThrottleBuilder {
                 conflicts: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                policies: Default::default(),
             }),
         })
     }
