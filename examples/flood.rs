@@ -329,7 +329,7 @@ async fn http(server: &RedisServer) {
         ("RateLimitLayer, MemoryStore, throttling mode on", throttled),
     ];
     let mut totals = [0u64; 3];
-    let rounds = 3;
+    let rounds = 5;
     let secs = 2.0;
     for _ in 0..rounds {
         for (i, (_, addr)) in variants.iter().enumerate() {
