@@ -55,7 +55,9 @@ mod local;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+pub mod queue;
 mod quota;
+mod release;
 mod response;
 mod service;
 mod store;

@@ -19,6 +19,7 @@ use crate::headers::RateLimitHeaders;
 use crate::key::{Key, KeyExtractor};
 use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
 use crate::quota::Policy;
+use crate::release::ReleaseGuard;
 use crate::response;
 use crate::store::Store;
 
@@ -89,6 +90,11 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
+    /// How long the request waits for its turn (a leaky bucket's queue).
+    pub(crate) fn delay(&self) -> Option<Duration> {
+        self.decision.as_ref().and_then(|d| d.delay)
+    }
+
     /// Through without a decision: nothing to settle, no headers.
     fn bare(degraded: Option<StoreErrorKind>) -> Self {
         Pass {
@@ -212,6 +218,11 @@ impl Limiter {
         parts.extensions.insert(decision.clone());
         let mut decision = decision;
         decision.retry_after = None;
+        if self.shadow {
+            // Shadow mode never changes traffic: a leaky bucket's wait is
+            // recorded (the extension shows it) but not served.
+            decision.delay = None;
+        }
         let pass = Pass {
             key: Some(key),
             decision: Some(decision),
@@ -236,11 +247,13 @@ impl Limiter {
         let (Some(key), Some(mut decision)) = (key, decision) else {
             return;
         };
-        if (self.refund_when)(status) && !decision.receipt.is_empty() {
-            let store: &dyn Store = match (decider, &self.failure) {
-                (Decider::Fallback, FailurePolicy::Local(local)) => &**local,
-                _ => &*self.store,
-            };
+        // A held slot (concurrency) is given back when the body ends, by its
+        // release guard, whatever the status. Releasing here as well would be
+        // harmless (releases are by id) but a second round trip, and would
+        // free the slot before the response is sent.
+        let held = self.policy.strategy().holds_until_response_ends();
+        if (self.refund_when)(status) && !decision.receipt.is_empty() && !held {
+            let store = self.store_for(decider);
             let refund = store.refund(&self.policy, &key, &decision.receipt);
             match tokio::time::timeout(self.deadline, refund).await {
                 Ok(Ok(())) => {
@@ -259,6 +272,36 @@ impl Limiter {
             }
         }
         self.headers.apply(headers, &self.policy, &decision);
+    }
+
+    /// A guard that gives `pass`'s charge back, without blocking, if it is
+    /// dropped while armed: for a leaky bucket's pass while it waits its turn
+    /// (the client may leave), for a concurrency slot until the response body
+    /// ends. `None` when there is nothing to give back.
+    pub(crate) fn release_guard(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
+        let (Some(key), Some(decision)) = (&pass.key, &pass.decision) else {
+            return None;
+        };
+        let gives_back =
+            decision.delay.is_some() || self.policy.strategy().holds_until_response_ends();
+        if decision.receipt.is_empty() || !gives_back {
+            return None;
+        }
+        let store = self.store_for(pass.decider);
+        Some(ReleaseGuard::new(
+            self.clone(),
+            store,
+            key.clone(),
+            decision.receipt.clone(),
+        ))
+    }
+
+    /// The store that decided: refunds and releases go back to it.
+    fn store_for(&self, decider: Decider) -> Arc<dyn Store> {
+        match (decider, &self.failure) {
+            (Decider::Fallback, FailurePolicy::Local(local)) => local.clone(),
+            _ => self.store.clone(),
+        }
     }
 
     /// The caller's current state, without charging.

@@ -34,12 +34,12 @@ const SWEEP_EVERY_MICROS: u64 = 100_000;
 /// | strategy | cached rejection | cached "last unit spent" |
 /// |---|---|---|
 /// | fixed window | until the window's reset | until the window's reset |
-/// | sliding log / sliding counter | until `Retry-After` (nothing frees sooner) | no |
-/// | GCRA / token bucket | until `Retry-After`, for requests costing at least as much | no: a unit drips back before reset |
-/// | concurrency limits | no: a finishing request frees a slot at any time | no |
+/// | leaky bucket | until `Retry-After` (the level only drains at the rate) | no: a place frees one interval later |
+/// | concurrency | no: a finishing request frees a slot at any time | no |
+/// | sliding windows, GCRA (not yet in tollgate) | would be: until `Retry-After` | no |
 ///
-/// (Only the fixed window exists today; each strategy states this through
-/// `Strategy::rejection_is_stable` and `Strategy::exhaustion_is_stable`.)
+/// Each strategy says so through `Strategy::rejection_is_stable` and
+/// `Strategy::exhaustion_is_stable`, which a new strategy must answer.
 /// A cached rejection applies to requests costing at least what the rejected
 /// one cost; cheaper ones still ask the store.
 ///
@@ -155,10 +155,10 @@ impl DecisionCache {
         if cost < entry.min_cost {
             return None;
         }
-        let r = &entry.rejection;
-        let decision =
-            Decision::rejected(r.limit, r.used, r.reset_at_micros, now, entry.until - now)
-                .reporting(r.quota);
+        // The store's rejection as it stands now: only the clock moved.
+        let mut decision = entry.rejection.clone();
+        decision.now_micros = now;
+        decision.retry_after = Some(Duration::from_micros(entry.until - now));
         drop(shard);
         self.hits.fetch_add(1, Relaxed);
         Some(decision)
@@ -307,6 +307,34 @@ mod tests {
         assert_eq!(cached, Decision::rejected(5, 5, 70 * S, 10 * S, 60 * S));
         c.forget(&ann);
         assert!(c.rejection(&ann, 1).is_none(), "a refund frees it");
+    }
+
+    #[test]
+    fn only_strategies_whose_answers_hold_are_cached() {
+        let clock = ManualClock::new(0);
+        let c = cache(100, &clock);
+        let capacity = std::num::NonZeroU32::new(5).unwrap();
+        let bucket = Strategy::LeakyBucket { capacity };
+        let rejected = Decision::rejected(5, 5, 10 * S, 0, S);
+        let full = Decision::allowed(5, 5, 10 * S, 0);
+        let (a, b, d, e) = (Key::new("a"), Key::new("b"), Key::new("d"), Key::new("e"));
+        c.learn(&bucket, &a, 1, &rejected);
+        assert!(
+            c.rejection(&a, 1).is_some(),
+            "a bucket drains only at its rate"
+        );
+        c.learn(&bucket, &b, 1, &full);
+        assert!(
+            c.rejection(&b, 1).is_none(),
+            "a place frees long before reset"
+        );
+        c.learn(&Strategy::Concurrency, &d, 1, &rejected);
+        assert!(
+            c.rejection(&d, 1).is_none(),
+            "a slot frees when any response ends"
+        );
+        c.learn(&Strategy::Concurrency, &e, 1, &full);
+        assert!(c.rejection(&e, 1).is_none());
     }
 
     #[test]

@@ -61,16 +61,36 @@ pub(crate) struct Scripts {
     pub(crate) fixed_window: LuaScript,
     pub(crate) fixed_window_peek: LuaScript,
     pub(crate) fixed_window_refund: LuaScript,
+    pub(crate) leaky_bucket: LuaScript,
+    pub(crate) leaky_bucket_peek: LuaScript,
+    pub(crate) leaky_bucket_refund: LuaScript,
+    pub(crate) concurrency: LuaScript,
+    pub(crate) concurrency_peek: LuaScript,
+    pub(crate) concurrency_release: LuaScript,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let fixed_window = include_str!("../../../lua/fixed_window.lua");
+    let leaky_bucket = include_str!("../../../lua/leaky_bucket.lua");
+    let concurrency = include_str!("../../../lua/concurrency.lua");
     Scripts {
         fixed_window: LuaScript::new("fixed_window", fixed_window.into()),
         fixed_window_peek: LuaScript::read_only("fixed_window_peek", fixed_window),
         fixed_window_refund: LuaScript::new(
             "fixed_window_refund",
             include_str!("../../../lua/fixed_window_refund.lua").into(),
+        ),
+        leaky_bucket: LuaScript::new("leaky_bucket", leaky_bucket.into()),
+        leaky_bucket_peek: LuaScript::read_only("leaky_bucket_peek", leaky_bucket),
+        leaky_bucket_refund: LuaScript::new(
+            "leaky_bucket_refund",
+            include_str!("../../../lua/leaky_bucket_refund.lua").into(),
+        ),
+        concurrency: LuaScript::new("concurrency", concurrency.into()),
+        concurrency_peek: LuaScript::read_only("concurrency_peek", concurrency),
+        concurrency_release: LuaScript::new(
+            "concurrency_release",
+            include_str!("../../../lua/concurrency_release.lua").into(),
         ),
     }
 });
