@@ -13,7 +13,17 @@
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
 //!   `If-None-Match` matches.
+//! - `GET /leaky/tigerfeeding`: a leaky bucket shaping to `ZOO_LEAKY_LIMIT`
+//!   (2) per `ZOO_LEAKY_WINDOW_SECS` (1), holding `ZOO_LEAKY_CAPACITY` (5).
+//! - `GET /concurrency/tigerfeeding`: at most `ZOO_CONCURRENCY_LIMIT` (2) in
+//!   flight per caller, each taking `ZOO_CONCURRENCY_HOLD_MS` (2000), slots
+//!   of crashed servers freed after `ZOO_CONCURRENCY_TIMEOUT_SECS` (60).
+//! - `GET|POST /queue/tigerfeeding`: queued (202) into a work queue of
+//!   `ZOO_QUEUE_CAPACITY` (10) drained at `ZOO_QUEUE_RATE` (1) per second; a
+//!   Redis Stream (or List: `ZOO_QUEUE_KIND=list`) when `REDIS_URL` is set,
+//!   drained by `cargo run --example queue_processor`, else in memory.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
+//! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -25,7 +35,11 @@ use axum::http::{request::Parts, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
+#[path = "zoo_parts/holding.rs"]
+mod holding;
+
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
     RedisStore, Store,
@@ -39,6 +53,7 @@ struct Settings {
     redis_url: Option<String>,
     quota: Quota,
     trusted_proxies: Option<String>,
+    holding: holding::HoldingSettings,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -66,6 +81,7 @@ impl Settings {
             trusted_proxies: std::env::var("ZOO_TRUSTED_PROXIES")
                 .ok()
                 .filter(|s| !s.trim().is_empty()),
+            holding: holding::HoldingSettings::from_env()?,
         })
     }
 
@@ -131,7 +147,28 @@ async fn rate_limit(State(zoo): State<Zoo>, parts: Parts) -> Response {
     Json(json!({ "resources": resources, "rate": rate })).into_response()
 }
 
+/// Installs the Prometheus recorder; must run before the first request.
+fn install_metrics() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(tollgate::metrics::STORE_LATENCY.into()),
+            tollgate::metrics::LATENCY_BUCKETS,
+        )
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    tollgate::metrics::describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
 async fn build(settings: &Settings) -> Result<Router, String> {
+    let prometheus = install_metrics()?;
     let store: Arc<dyn Store> = match &settings.redis_url {
         Some(url) => Arc::new(
             RedisStore::connect(url)
@@ -149,12 +186,22 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .build()
         .map_err(|e| e.to_string())?;
 
-    let zoo = Zoo {
-        limits: vec![tiger_limit.clone()],
-    };
+    let holding = holding::routes(
+        &settings.holding,
+        store.clone(),
+        key.clone(),
+        settings.redis_url.as_deref(),
+    )
+    .await?;
+
+    let mut limits = vec![tiger_limit.clone()];
+    limits.extend(holding.limits);
+    let zoo = Zoo { limits };
     Ok(Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
+        .merge(holding.router)
         .route("/rate_limit", get(rate_limit))
+        .route("/metrics", get(move || async move { prometheus.render() }))
         .with_state(zoo))
 }
 
@@ -198,6 +245,9 @@ async fn main() -> ExitCode {
         settings.quota.limit(),
         settings.quota.window()
     );
+    for line in settings.holding.describe(settings.redis_url.is_some()) {
+        println!("  {line}");
+    }
     let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

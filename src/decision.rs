@@ -35,6 +35,9 @@ pub struct Decision {
     pub now_micros: u64,
     /// How long to wait before retrying; set on rejections.
     pub retry_after: Option<Duration>,
+    /// How long an allowed request waits before it proceeds: its place in a
+    /// leaky bucket's queue. `None` proceeds at once (every other strategy).
+    pub delay: Option<Duration>,
     /// Which of the policy's quotas the numbers describe (0-based).
     pub quota: usize,
     /// What to give back if the response turns out to be free.
@@ -52,6 +55,7 @@ impl Decision {
             reset_at_micros,
             now_micros,
             retry_after: None,
+            delay: None,
             quota: 0,
             receipt: Receipt::default(),
         }
@@ -73,6 +77,7 @@ impl Decision {
             reset_at_micros,
             now_micros,
             retry_after: Some(Duration::from_micros(retry_after_micros)),
+            delay: None,
             quota: 0,
             receipt: Receipt::default(),
         }
@@ -81,6 +86,21 @@ impl Decision {
     /// Says which quota (0-based) these numbers describe.
     pub fn reporting(mut self, quota: usize) -> Self {
         self.quota = quota;
+        self
+    }
+
+    /// Makes an allowed request wait `delay_micros` before it proceeds
+    /// (0: at once).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Decision;
+    /// let d = Decision::allowed(5, 2, 3_000_000, 1_000_000).delayed(250_000);
+    /// assert_eq!(d.delay, Some(Duration::from_millis(250)));
+    /// assert_eq!(Decision::allowed(5, 1, 0, 0).delayed(0).delay, None);
+    /// ```
+    pub fn delayed(mut self, delay_micros: u64) -> Self {
+        self.delay = (delay_micros > 0).then(|| Duration::from_micros(delay_micros));
         self
     }
 

@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod access;
 mod clock;
 mod decision;
 mod error;
@@ -49,12 +50,21 @@ mod headers;
 mod key;
 mod layer;
 mod limiter;
+mod local;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
+pub mod queue;
 mod quota;
+mod release;
 mod response;
 mod service;
 mod store;
 mod strategy;
+mod throttle;
 
+pub use access::ClientIp;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Receipt};
 pub use error::{ConfigError, KeyError, StoreError, StoreErrorKind};
@@ -64,8 +74,11 @@ pub use headers::RateLimitHeaders;
 pub use key::{
     And, ForwardedHeader, ForwardedIp, HeaderKey, Key, KeyExtractor, Or, PeerIp, RouteKey,
 };
-pub use layer::{PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_DEADLINE};
+pub use layer::{
+    PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_COOLDOWN, DEFAULT_DEADLINE,
+};
 pub use limiter::StoreUnavailable;
+pub use local::LocalCache;
 pub use quota::{Policy, Quota};
 pub use service::RateLimit;
 pub use store::{
@@ -73,6 +86,7 @@ pub use store::{
     ShardedConfig, Store,
 };
 pub use strategy::Strategy;
+pub use throttle::{SyncReport, SyncTask, Throttle, ThrottleBuilder, ThrottleStats};
 
 /// The README's examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]

@@ -10,8 +10,9 @@ use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Policy;
+use crate::strategy::concurrency::{self, InFlight};
 use crate::strategy::fixed_window::{self, Window, EXPIRY_GRACE_MICROS};
-use crate::strategy::Strategy;
+use crate::strategy::{leaky_bucket, Strategy};
 
 const SHARDS: usize = 64;
 /// How often a shard drops expired entries, in µs of its clock.
@@ -24,10 +25,12 @@ const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 /// `MemoryStore` each allow twice the limit between them. Use
 /// [`RedisStore`](crate::RedisStore) to share limits.
 ///
-/// **Memory.** Entries live until one second after their window ends, like the
-/// Redis keys; each shard drops expired entries at most once per second of its
-/// clock, when it is next used. Memory is bounded by the callers active within
-/// a window plus one second.
+/// **Memory.** Entries expire like the Redis keys: a fixed window one second
+/// after it ends, a leaky bucket one second after it empties, a concurrency
+/// set one timeout after its last admission (and it never holds more than
+/// `limit` slots). Each shard drops expired entries at most once per second
+/// of its clock, when it is next used. Memory is bounded by the callers
+/// active within that time.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -73,6 +76,9 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub(crate) enum State {
     Window(Window),
+    /// A leaky bucket's `next_free`, µs.
+    Leaky(u64),
+    InFlight(InFlight),
 }
 
 impl Default for MemoryStore {
@@ -155,6 +161,35 @@ impl MemoryStore {
                 }
                 decision
             }
+            Strategy::LeakyBucket { capacity } => {
+                let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
+                let mut next_free = match shard.get(&keys[0], now) {
+                    Some(State::Leaky(t)) => Some(*t),
+                    _ => None,
+                };
+                let capacity = u64::from(capacity.get());
+                let d = leaky_bucket::check(&mut next_free, capacity, interval, now, cost);
+                if let (true, Some(t)) = (d.allowed && cost > 0, next_free) {
+                    let expires = t + leaky_bucket::EXPIRY_GRACE_MICROS;
+                    shard.put(&keys[0], State::Leaky(t), expires);
+                }
+                d
+            }
+            Strategy::Concurrency => {
+                let quota = policy.quotas()[0];
+                let (limit, timeout) = (u64::from(quota.limit()), quota.window_micros());
+                let mut set = match shard.get(&keys[0], now) {
+                    Some(State::InFlight(set)) => set.clone(),
+                    _ => InFlight::default(),
+                };
+                let id = concurrency::new_id();
+                let d = concurrency::check(&mut set, limit, timeout, now, cost, id);
+                if d.allowed && cost > 0 {
+                    let expires = now + concurrency::expiry_micros(timeout);
+                    shard.put(&keys[0], State::InFlight(set), expires);
+                }
+                d
+            }
         })
     }
 
@@ -174,6 +209,21 @@ impl MemoryStore {
                             *w = refunded;
                         }
                     }
+                }
+            }
+            Strategy::LeakyBucket { .. } => {
+                let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
+                if let Some(State::Leaky(t)) = shard.get_mut(&keys[0], now) {
+                    let mut next_free = Some(*t);
+                    let stamp = receipt.stamps().first().copied().unwrap_or(0);
+                    leaky_bucket::refund(&mut next_free, stamp, receipt.cost(), interval, now);
+                    *t = next_free.unwrap_or(*t);
+                }
+            }
+            Strategy::Concurrency => {
+                if let Some(State::InFlight(set)) = shard.get_mut(&keys[0], now) {
+                    let id = receipt.stamps().first().copied().unwrap_or(0);
+                    concurrency::release(set, id);
                 }
             }
         })

@@ -8,7 +8,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::RoundRobinReplicaStrategy;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, ToRedisArgs, Value};
 
 use super::script::LuaScript;
 use super::{Connection, RedisStoreBuilder};
@@ -135,12 +135,12 @@ enum Target {
 
 /// Runs `script` on the node that owns `keys`, following redirections,
 /// answering `NOSCRIPT` with `EVAL`, and retrying up to `retries` times.
-pub(crate) async fn eval(
+pub(crate) async fn eval<A: ToRedisArgs>(
     conn: &mut ClusterConnection,
     retries: u32,
     script: &LuaScript,
     keys: &[String],
-    args: &[String],
+    args: &[A],
     read_only: bool,
 ) -> RedisResult<Value> {
     let mut target = Target::Keys;

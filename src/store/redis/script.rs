@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, ToRedisArgs, Value};
 
 /// One Lua file: its source and SHA1, computed once.
 #[derive(Debug)]
@@ -14,25 +14,25 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(name: &'static str, source: String) -> Self {
+    pub(crate) fn new(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
     }
 
     /// Peek scripts run unchanged but flagged read-only, so Redis refuses any
     /// write they might attempt and lets replicas run them (`EVALSHA_RO`).
-    fn read_only(name: &'static str, source: &str) -> Self {
+    pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
         Self::new(name, format!("#!lua flags=no-writes\n{source}"))
     }
 
     /// One round trip: `EVALSHA` (or `EVALSHA_RO`). Only when Redis answers
     /// `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restarted or failed-over
     /// server) is the script loaded and the call repeated.
-    pub(crate) async fn eval<C: ConnectionLike>(
+    pub(crate) async fn eval<C: ConnectionLike, A: ToRedisArgs + Sync>(
         &self,
         conn: &mut C,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         let cmd = self.evalsha_cmd(keys, args, read_only);
@@ -54,7 +54,12 @@ impl LuaScript {
     }
 
     /// `EVALSHA` (or `EVALSHA_RO`) of this script.
-    pub(crate) fn evalsha_cmd(&self, keys: &[String], args: &[String], read_only: bool) -> Cmd {
+    pub(crate) fn evalsha_cmd<A: ToRedisArgs>(
+        &self,
+        keys: &[String],
+        args: &[A],
+        read_only: bool,
+    ) -> Cmd {
         let mut cmd = redis::cmd(if read_only { "EVALSHA_RO" } else { "EVALSHA" });
         cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
         cmd
@@ -62,7 +67,12 @@ impl LuaScript {
 
     /// `EVAL` (or `EVAL_RO`) with the source: runs the script on a node that
     /// has not cached it, and caches it there.
-    pub(crate) fn eval_cmd(&self, keys: &[String], args: &[String], read_only: bool) -> Cmd {
+    pub(crate) fn eval_cmd<A: ToRedisArgs>(
+        &self,
+        keys: &[String],
+        args: &[A],
+        read_only: bool,
+    ) -> Cmd {
         let mut cmd = redis::cmd(if read_only { "EVAL_RO" } else { "EVAL" });
         cmd.arg(&self.source).arg(keys.len()).arg(keys).arg(args);
         cmd
@@ -75,16 +85,36 @@ pub(crate) struct Scripts {
     pub(crate) fixed_window: LuaScript,
     pub(crate) fixed_window_peek: LuaScript,
     pub(crate) fixed_window_refund: LuaScript,
+    pub(crate) leaky_bucket: LuaScript,
+    pub(crate) leaky_bucket_peek: LuaScript,
+    pub(crate) leaky_bucket_refund: LuaScript,
+    pub(crate) concurrency: LuaScript,
+    pub(crate) concurrency_peek: LuaScript,
+    pub(crate) concurrency_release: LuaScript,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let fixed_window = include_str!("../../../lua/fixed_window.lua");
+    let leaky_bucket = include_str!("../../../lua/leaky_bucket.lua");
+    let concurrency = include_str!("../../../lua/concurrency.lua");
     Scripts {
         fixed_window: LuaScript::new("fixed_window", fixed_window.into()),
         fixed_window_peek: LuaScript::read_only("fixed_window_peek", fixed_window),
         fixed_window_refund: LuaScript::new(
             "fixed_window_refund",
             include_str!("../../../lua/fixed_window_refund.lua").into(),
+        ),
+        leaky_bucket: LuaScript::new("leaky_bucket", leaky_bucket.into()),
+        leaky_bucket_peek: LuaScript::read_only("leaky_bucket_peek", leaky_bucket),
+        leaky_bucket_refund: LuaScript::new(
+            "leaky_bucket_refund",
+            include_str!("../../../lua/leaky_bucket_refund.lua").into(),
+        ),
+        concurrency: LuaScript::new("concurrency", concurrency.into()),
+        concurrency_peek: LuaScript::read_only("concurrency_peek", concurrency),
+        concurrency_release: LuaScript::new(
+            "concurrency_release",
+            include_str!("../../../lua/concurrency_release.lua").into(),
         ),
     }
 });

@@ -7,7 +7,7 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult, ServerErrorKind,
-    Value,
+    ToRedisArgs, Value,
 };
 
 use super::script::LuaScript;
@@ -241,11 +241,11 @@ impl SentinelConnection {
     /// Runs `script` on the primary; forgets the connection when it broke or
     /// reached a server that is no longer primary, so the next call asks
     /// the sentinels again.
-    pub(crate) async fn eval(
+    pub(crate) async fn eval<A: ToRedisArgs + Sync>(
         &self,
         script: &LuaScript,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         let (mut conn, generation) = self.connection().await?;

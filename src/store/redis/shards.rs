@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, RedisResult, Value};
+use redis::{ErrorKind, RedisError, RedisResult, ToRedisArgs, Value};
 use sha2::{Digest, Sha256};
 
 use super::script::LuaScript;
@@ -210,11 +210,11 @@ impl Shards {
     /// Runs `script` on the shard that owns `keys` (their shared hash tag):
     /// on its primary, or for a read-only call on a replica when configured,
     /// falling back to the primary if the replica fails.
-    pub(crate) async fn eval(
+    pub(crate) async fn eval<A: ToRedisArgs + Sync>(
         &self,
         script: &LuaScript,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         let tag = keys.first().map_or("", |k| hash_tag(k));
