@@ -63,6 +63,8 @@ pub(crate) struct Limiter {
     pub(crate) cooldown: Duration,
     /// Until when (ns since [`EPOCH`]) the main store is skipped after a failure.
     pub(crate) skip_store_until: AtomicU64,
+    /// Throttling mode and the local decision cache (high-volume mode).
+    pub(crate) local: crate::local::LocalDecisions,
 }
 
 /// A process-wide monotonic origin for the breaker's timestamps.
@@ -155,6 +157,9 @@ impl Limiter {
             span.record("key", key.hashed());
         }
         let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+        if let Some((response, outcome)) = self.local.before_store(self, &key, cost) {
+            return (Verdict::Respond(response), outcome);
+        }
 
         let (decision, decider, degraded) = match self.ask_main(&key, cost).await {
             Ok(decision) => (decision, Decider::Main, None),
@@ -189,6 +194,9 @@ impl Limiter {
             }
         };
 
+        if decider == Decider::Main && !self.shadow {
+            self.local.after_store(&self.policy, &key, cost, &decision);
+        }
         span.record("remaining", decision.remaining);
         let outcome = match (decision.allowed, decider) {
             (true, Decider::Main) => Outcome::Allowed,
@@ -249,6 +257,7 @@ impl Limiter {
             let refund = store.refund(&self.policy, &key, &decision.receipt);
             match tokio::time::timeout(self.deadline, refund).await {
                 Ok(Ok(())) => {
+                    self.local.refunded(&key);
                     let cost = decision.receipt.cost();
                     decision = decision.refunded(cost);
                 }

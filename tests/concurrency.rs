@@ -97,6 +97,12 @@ async fn the_layer_under_axum_clones_shares_one_budget() {
     // its own budget and a 5 req/s cap let 1,500 concurrent requests through.
     let layer = RateLimitLayer::builder()
         .policy(policy())
+        // A loaded CI machine must not turn slow decisions into local ones
+        // (the failure policy would admit more): wait, and fail closed.
+        .deadline(std::time::Duration::from_secs(5))
+        .on_store_failure(tollgate::FailurePolicy::closed(
+            std::time::Duration::from_secs(1),
+        ))
         .store(redis_store(&unique_prefix("conc3")).await)
         .build()
         .unwrap();
@@ -254,6 +260,12 @@ async fn concurrency_through_the_layer_holds_exactly_the_limit_in_flight() {
     let policy = concurrency_policy();
     let layer = RateLimitLayer::builder()
         .policy(policy)
+        // A loaded CI machine must not turn slow decisions into local ones
+        // (the failure policy would admit more): wait, and fail closed.
+        .deadline(std::time::Duration::from_secs(5))
+        .on_store_failure(tollgate::FailurePolicy::closed(
+            std::time::Duration::from_secs(1),
+        ))
         .store(redis_store(&unique_prefix("slots3")).await)
         .build()
         .unwrap();

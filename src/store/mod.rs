@@ -9,7 +9,9 @@ mod memory;
 pub(crate) mod redis;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub use self::redis::{
+    ClusterConfig, RedisStore, RedisStoreBuilder, SentinelConfig, Shard, ShardedConfig,
+};
 pub(crate) use keys::KeySpace;
 
 use std::fmt;

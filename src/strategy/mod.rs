@@ -98,6 +98,30 @@ impl Strategy {
         }
     }
 
+    /// Whether a rejection stays true until its `retry_after` for requests
+    /// costing at least as much, whatever else happens to the key (refunds
+    /// aside), so the layer's local cache may repeat it without the store.
+    /// Fixed window: nothing is spent back before reset. Leaky bucket: the
+    /// level only drains at the rate, and only other requests raise it.
+    /// Concurrency: no, a slot frees whenever a response ends. (Sliding
+    /// windows and GCRA would be yes, for the same reason as the bucket.)
+    pub(crate) fn rejection_is_stable(&self) -> bool {
+        match self {
+            Strategy::FixedWindow | Strategy::LeakyBucket { .. } => true,
+            Strategy::Concurrency => false,
+        }
+    }
+
+    /// Whether a pass with nothing left means every request is rejected
+    /// until `reset_at`. Fixed window: yes. Leaky bucket: no, a place frees
+    /// one interval later, long before the bucket is empty. Concurrency: no.
+    pub(crate) fn exhaustion_is_stable(&self) -> bool {
+        match self {
+            Strategy::FixedWindow => true,
+            Strategy::LeakyBucket { .. } | Strategy::Concurrency => false,
+        }
+    }
+
     /// Whether a pass holds its charge until the response ends (and gives it
     /// back then), rather than spending it.
     pub(crate) fn holds_until_response_ends(&self) -> bool {

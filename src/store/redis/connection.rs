@@ -6,9 +6,11 @@ use std::sync::{Arc, Mutex};
 use deadpool_redis::Pool;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisResult, Value};
+use redis::{RedisResult, ToRedisArgs, Value};
 
 use super::script::LuaScript;
+use super::sentinel::SentinelConnection;
+use super::shards::Shards;
 
 /// A handle to Redis that can run a script. Cloning is cheap.
 #[derive(Clone)]
@@ -19,8 +21,13 @@ pub(crate) enum Connection {
     Multiplexed(MultiplexedConnection),
     /// A deadpool-redis pool, used without a checkout per decision.
     Pool(Arc<PooledConnection>),
-    /// Redis Cluster: routes each script by its keys' hash slot.
-    Cluster(ClusterConnection),
+    /// Redis Cluster: routes each script by its keys' hash slot, with this
+    /// many retries.
+    Cluster(ClusterConnection, u32),
+    /// Independent primaries (and replicas), picked by the keys' hash tag.
+    Sharded(Arc<Shards>),
+    /// The primary Redis Sentinel names, rediscovered after a failover.
+    Sentinel(Arc<SentinelConnection>),
 }
 
 impl fmt::Debug for Connection {
@@ -29,25 +36,31 @@ impl fmt::Debug for Connection {
             Connection::Manager(_) => "Connection::Manager",
             Connection::Multiplexed(_) => "Connection::Multiplexed",
             Connection::Pool(_) => "Connection::Pool",
-            Connection::Cluster(_) => "Connection::Cluster",
+            Connection::Cluster(..) => "Connection::Cluster",
+            Connection::Sharded(_) => "Connection::Sharded",
+            Connection::Sentinel(_) => "Connection::Sentinel",
         })
     }
 }
 
 impl Connection {
     /// Runs `script` in one round trip (see [`LuaScript::eval`]).
-    pub(crate) async fn eval(
+    pub(crate) async fn eval<A: ToRedisArgs + Sync>(
         &self,
         script: &LuaScript,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         match self {
             Connection::Manager(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
             Connection::Multiplexed(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
-            Connection::Cluster(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
+            Connection::Cluster(c, retries) => {
+                super::cluster::eval(&mut c.clone(), *retries, script, keys, args, read_only).await
+            }
             Connection::Pool(p) => p.eval(script, keys, args, read_only).await,
+            Connection::Sharded(s) => s.eval(script, keys, args, read_only).await,
+            Connection::Sentinel(s) => s.eval(script, keys, args, read_only).await,
         }
     }
 }
@@ -86,11 +99,11 @@ impl PooledConnection {
         Ok(conn)
     }
 
-    async fn eval(
+    async fn eval<A: ToRedisArgs + Sync>(
         &self,
         script: &LuaScript,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         let mut conn = self.connection().await?;

@@ -1,8 +1,15 @@
 //! The Redis store: one script call, one round trip, per decision.
 
-mod connection;
+mod cluster;
+pub(crate) mod connection;
 pub(crate) mod reply;
 pub(crate) mod script;
+mod sentinel;
+mod shards;
+
+pub use self::cluster::ClusterConfig;
+pub use self::sentinel::SentinelConfig;
+pub use self::shards::{Shard, ShardedConfig};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +89,7 @@ pub struct RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    fn new(conn: Connection) -> Self {
+    pub(crate) fn new(conn: Connection) -> Self {
         Self {
             conn,
             prefix: None,
@@ -152,9 +159,75 @@ impl RedisStore {
     }
 
     /// Over a Redis Cluster connection: each decision's keys share a hash tag,
-    /// so a script always runs on the one node that owns them.
+    /// so a script always runs on the one node that owns them, and the store
+    /// follows redirections itself (see [`ClusterConfig`]). Prefer
+    /// [`RedisStore::cluster`]: it also turns off redis-rs's own retries,
+    /// which wait 1.28 s or more between attempts by default and can lose
+    /// `ASKING` to a concurrent request during a slot migration.
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(Connection::Cluster(conn))
+        RedisStoreBuilder::new(Connection::Cluster(conn, cluster::DEFAULT_RETRIES))
+    }
+
+    /// Redis Cluster, reached through any of the seed `nodes`; see
+    /// [`ClusterConfig`] for what it follows and retries.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tollgate::RedisStore::cluster(["redis://127.0.0.1:7000/"])
+    ///     .connect()
+    ///     .await?
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster(nodes: impl IntoIterator<Item = impl Into<String>>) -> ClusterConfig {
+        ClusterConfig::new(nodes)
+    }
+
+    /// Several independent primaries (each optionally with replicas), keys
+    /// spread by rendezvous hashing of their hash tag; see [`ShardedConfig`].
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{RedisStore, Shard};
+    /// let store = RedisStore::sharded([
+    ///     Shard::new("a", "redis://127.0.0.1:7000/"),
+    ///     Shard::new("b", "redis://127.0.0.1:7001/"),
+    /// ])
+    /// .connect()
+    /// .await?
+    /// .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sharded(shards: impl IntoIterator<Item = Shard>) -> ShardedConfig {
+        ShardedConfig::new(shards)
+    }
+
+    /// The primary that the Redis Sentinels at `sentinels` monitor as
+    /// `master_name`, followed through failovers; see [`SentinelConfig`].
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tollgate::RedisStore::sentinel(["redis://127.0.0.1:26379/"], "mymaster")
+    ///     .connect()
+    ///     .await?
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master_name: impl Into<String>,
+    ) -> SentinelConfig {
+        SentinelConfig::new(sentinels, master_name)
+    }
+
+    /// The connection, shared with the throttle's sync task.
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.inner.conn
+    }
+
+    /// The key names, shared with the throttle's sync task.
+    pub(crate) fn keyspace(&self) -> &KeySpace {
+        &self.inner.keys
     }
 
     /// `now` for the scripts: the store's clock, or -1 for Redis `TIME`.

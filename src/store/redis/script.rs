@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, ToRedisArgs, Value};
 
 /// One Lua file: its source and SHA1, computed once.
 #[derive(Debug)]
@@ -14,29 +14,28 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(name: &'static str, source: String) -> Self {
+    pub(crate) fn new(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
     }
 
     /// Peek scripts run unchanged but flagged read-only, so Redis refuses any
     /// write they might attempt and lets replicas run them (`EVALSHA_RO`).
-    fn read_only(name: &'static str, source: &str) -> Self {
+    pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
         Self::new(name, format!("#!lua flags=no-writes\n{source}"))
     }
 
     /// One round trip: `EVALSHA` (or `EVALSHA_RO`). Only when Redis answers
     /// `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restarted or failed-over
     /// server) is the script loaded and the call repeated.
-    pub(crate) async fn eval<C: ConnectionLike>(
+    pub(crate) async fn eval<C: ConnectionLike, A: ToRedisArgs + Sync>(
         &self,
         conn: &mut C,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
-        let mut cmd = redis::cmd(if read_only { "EVALSHA_RO" } else { "EVALSHA" });
-        cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+        let cmd = self.evalsha_cmd(keys, args, read_only);
         match cmd.query_async(conn).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!(
@@ -52,6 +51,31 @@ impl LuaScript {
             }
             other => other,
         }
+    }
+
+    /// `EVALSHA` (or `EVALSHA_RO`) of this script.
+    pub(crate) fn evalsha_cmd<A: ToRedisArgs>(
+        &self,
+        keys: &[String],
+        args: &[A],
+        read_only: bool,
+    ) -> Cmd {
+        let mut cmd = redis::cmd(if read_only { "EVALSHA_RO" } else { "EVALSHA" });
+        cmd.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+
+    /// `EVAL` (or `EVAL_RO`) with the source: runs the script on a node that
+    /// has not cached it, and caches it there.
+    pub(crate) fn eval_cmd<A: ToRedisArgs>(
+        &self,
+        keys: &[String],
+        args: &[A],
+        read_only: bool,
+    ) -> Cmd {
+        let mut cmd = redis::cmd(if read_only { "EVAL_RO" } else { "EVAL" });
+        cmd.arg(&self.source).arg(keys.len()).arg(keys).arg(args);
+        cmd
     }
 }
 

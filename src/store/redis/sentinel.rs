@@ -1,0 +1,320 @@
+//! A primary watched by Redis Sentinel, followed through failovers.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult, ServerErrorKind,
+    ToRedisArgs, Value,
+};
+
+use super::script::LuaScript;
+use super::{Connection, RedisStoreBuilder};
+use crate::error::StoreError;
+
+/// How long to wait between two rounds of asking the sentinels: while they
+/// name no usable primary, decisions fail fast (the layer's failure policy
+/// answers them) instead of each one asking the sentinels.
+const REDISCOVER_AFTER: Duration = Duration::from_millis(100);
+
+/// How often a background task asks a sentinel which server is primary.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// A [`RedisStore`](crate::RedisStore) on the primary that Redis Sentinel
+/// names; made by [`RedisStore::sentinel`](crate::RedisStore::sentinel).
+///
+/// The store asks the sentinels for the primary, keeps one multiplexed
+/// connection to it, and asks again when that connection breaks, the server
+/// answers `READONLY` (it was demoted), or the sentinels name another primary:
+/// a background task asks one of them every 250 ms. That last check matters
+/// after an ordered failover: the old primary is alive and keeps accepting
+/// writes until Sentinel gets round to demoting it (seconds later), and
+/// everything written there meanwhile is discarded. Until Sentinel has
+/// promoted a replica, decisions fail fast, and the layer's
+/// [`FailurePolicy`](crate::FailurePolicy) answers them.
+///
+/// A failover may still lose the writes the old primary took just before
+/// the switch and had not sent to its replica (replication is asynchronous):
+/// callers may then get those few requests again.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tollgate::RedisStore;
+///
+/// let store = RedisStore::sentinel(
+///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+///     "mymaster",
+/// )
+/// .connect()
+/// .await?
+/// .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct SentinelConfig {
+    sentinels: Vec<String>,
+    master_name: String,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl SentinelConfig {
+    pub(crate) fn new(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master_name: impl Into<String>,
+    ) -> Self {
+        Self {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master_name: master_name.into(),
+            connection_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// How long to wait for a TCP connection, and for each reply (default
+    /// 1 s each); asking the sentinels may take up to twice the first.
+    pub fn timeouts(mut self, connection: Duration, response: Duration) -> Self {
+        self.connection_timeout = connection;
+        self.response_timeout = response;
+        self
+    }
+
+    /// Asks the sentinels for the primary and connects to it; an error if no
+    /// sentinel names a reachable primary now.
+    pub async fn connect(self) -> Result<RedisStoreBuilder, StoreError> {
+        if self.sentinels.is_empty() {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "a sentinel store needs at least one sentinel URL",
+            ))
+            .into());
+        }
+        let client = SentinelClient::build(
+            self.sentinels.iter().map(String::as_str).collect(),
+            self.master_name.clone(),
+            None,
+            SentinelServerType::Master,
+        )?;
+        let watched = self
+            .sentinels
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()))
+            .collect::<RedisResult<Vec<_>>>()?;
+        let conn = SentinelConnection {
+            client: tokio::sync::Mutex::new(client),
+            master_name: self.master_name,
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.connection_timeout))
+                .set_response_timeout(Some(self.response_timeout)),
+            discovery_timeout: self.connection_timeout * 2,
+            state: Mutex::new(State {
+                current: None,
+                generation: 0,
+                retry_at: None,
+                hint: None,
+            }),
+        };
+        conn.connection().await?;
+        let conn = Arc::new(conn);
+        tokio::spawn(watch(Arc::downgrade(&conn), watched));
+        Ok(RedisStoreBuilder::new(Connection::Sentinel(conn)))
+    }
+}
+
+/// The connection to whichever server Sentinel calls the primary.
+pub(crate) struct SentinelConnection {
+    /// Serialises discovery: one request asks, the others wait for it.
+    client: tokio::sync::Mutex<SentinelClient>,
+    master_name: String,
+    config: AsyncConnectionConfig,
+    discovery_timeout: Duration,
+    state: Mutex<State>,
+}
+
+/// A server's host and port.
+type Addr = (String, u16);
+
+/// The connection in use, which discovery made it, and where it goes.
+struct Primary {
+    conn: MultiplexedConnection,
+    generation: u64,
+    addr: Option<Addr>,
+}
+
+struct State {
+    current: Option<Primary>,
+    generation: u64,
+    /// No discovery before this, after one failed.
+    retry_at: Option<Instant>,
+    /// The primary the sentinels named last, if it differs from `current`.
+    hint: Option<Addr>,
+}
+
+impl std::fmt::Debug for SentinelConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelConnection")
+            .field("master_name", &self.master_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentinelConnection {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cached(&self) -> Option<(MultiplexedConnection, u64)> {
+        self.state()
+            .current
+            .as_ref()
+            .map(|p| (p.conn.clone(), p.generation))
+    }
+
+    /// The primary's connection, asking the sentinels if there is none.
+    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
+        if let Some(current) = self.cached() {
+            return Ok(current);
+        }
+        let mut client = self.client.lock().await;
+        if let Some(current) = self.cached() {
+            return Ok(current); // another request found it while we waited
+        }
+        if let Some(at) = self.state().retry_at {
+            if Instant::now() < at {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "no reachable primary named by the sentinels; asking again shortly",
+                )));
+            }
+        }
+        let hint = self.state().hint.take();
+        let found = tokio::time::timeout(self.discovery_timeout, async {
+            // The watcher saw the sentinels name a new primary: go there
+            // directly. Asking the sentinels again could still name the old
+            // one, which believes it is primary until it is demoted.
+            let primary = match hint {
+                Some((host, port)) => redis::Client::open((host.as_str(), port))?,
+                None => client.async_get_client().await?,
+            };
+            let addr = match primary.get_connection_info().addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    Some((host.clone(), *port))
+                }
+                _ => None,
+            };
+            let conn = primary
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await?;
+            Ok((conn, addr))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from((
+                ErrorKind::Io,
+                "the sentinels did not name a reachable primary in time",
+            )))
+        });
+        let mut state = self.state();
+        match found {
+            Ok((conn, addr)) => {
+                state.generation += 1;
+                state.retry_at = Some(Instant::now() + REDISCOVER_AFTER);
+                tracing::info!(master = self.master_name, primary = ?addr,
+                    "connected to the primary named by Sentinel");
+                state.current = Some(Primary {
+                    conn: conn.clone(),
+                    generation: state.generation,
+                    addr,
+                });
+                Ok((conn, state.generation))
+            }
+            Err(err) => {
+                state.retry_at = Some(Instant::now() + REDISCOVER_AFTER);
+                Err(err)
+            }
+        }
+    }
+
+    /// Runs `script` on the primary; forgets the connection when it broke or
+    /// reached a server that is no longer primary, so the next call asks
+    /// the sentinels again.
+    pub(crate) async fn eval<A: ToRedisArgs + Sync>(
+        &self,
+        script: &LuaScript,
+        keys: &[String],
+        args: &[A],
+        read_only: bool,
+    ) -> RedisResult<Value> {
+        let (mut conn, generation) = self.connection().await?;
+        let result = script.eval(&mut conn, keys, args, read_only).await;
+        if let Err(err) = &result {
+            let stale = err.is_io_error()
+                || err.is_connection_dropped()
+                || err.is_connection_refusal()
+                || err.is_timeout()
+                || err.is_unrecoverable_error()
+                || matches!(
+                    err.kind(),
+                    ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+                );
+            if stale {
+                let mut state = self.state();
+                if state.current.as_ref().map(|p| p.generation) == Some(generation) {
+                    tracing::warn!(master = self.master_name, error = %err,
+                        "lost the primary; asking the sentinels again");
+                    state.current = None;
+                }
+            }
+        }
+        result
+    }
+
+    /// The sentinels name `primary`: forget a connection to any other server.
+    fn primary_is(&self, primary: Addr) {
+        let mut state = self.state();
+        let moved = state
+            .current
+            .as_ref()
+            .is_some_and(|p| p.addr.as_ref().is_some_and(|a| *a != primary));
+        if moved {
+            tracing::warn!(master = self.master_name, new = ?primary,
+                "Sentinel names another primary; switching");
+            state.current = None;
+            state.retry_at = None;
+            state.hint = Some(primary);
+        }
+    }
+}
+
+/// Asks the sentinels in turn, every [`WATCH_EVERY`], which server is
+/// primary, until the store is dropped.
+async fn watch(store: Weak<SentinelConnection>, sentinels: Vec<redis::Client>) {
+    let mut conn: Option<MultiplexedConnection> = None;
+    let mut next = 0;
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        if conn.is_none() {
+            let client = &sentinels[next % sentinels.len()];
+            next += 1;
+            conn = client
+                .get_multiplexed_async_connection_with_config(&store.config)
+                .await
+                .ok();
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let mut ask = redis::cmd("SENTINEL");
+        ask.arg("GET-MASTER-ADDR-BY-NAME").arg(&store.master_name);
+        let asked = ask.query_async::<Option<Addr>>(c);
+        match tokio::time::timeout(store.discovery_timeout, asked).await {
+            Ok(Ok(Some(primary))) => store.primary_is(primary),
+            // This sentinel does not know, or is gone: ask the next one.
+            _ => conn = None,
+        }
+    }
+}

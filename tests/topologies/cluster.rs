@@ -1,0 +1,171 @@
+//! Redis Cluster: hash tags callers cannot steer, scripts on nodes that never
+//! saw them, and peeks served by replicas.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use crate::support::conformance::T0;
+use crate::support::redis::{key_slot, unique_prefix, wait_for_replication, RedisServer};
+use crate::{fixed_window_sha, redis_key, reset_stats, script_calls, shared_cluster};
+use tollgate::{Key, ManualClock, Policy, Quota, RedisStore, Store};
+
+fn exists(server: &RedisServer, key: &str, replica: bool) -> bool {
+    let mut conn = server.conn();
+    if replica {
+        // A cluster replica redirects reads to its primary unless told not to.
+        let _: () = redis::cmd("READONLY").query(&mut conn).unwrap();
+    }
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(&mut conn)
+        .unwrap()
+        == 1
+}
+
+/// The node index of the primary serving `caller`'s keys, and of its replica
+/// (the harness puts primary p's replica at 3 + p).
+fn owners(policy: &str, caller: &str) -> (usize, usize) {
+    let cluster = shared_cluster();
+    let slot = key_slot(&format!("{{{policy}|{}}}", Key::new(caller).as_str()));
+    let primary = cluster.node_for_slot(slot);
+    (primary, primary + 3)
+}
+
+#[tokio::test]
+async fn keys_with_braces_cannot_choose_a_slot_and_never_cross_slots() {
+    let cluster = shared_cluster();
+    let prefix = unique_prefix("tags");
+    let store = RedisStore::cluster(cluster.urls())
+        .connect()
+        .await
+        .unwrap()
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    // Two quotas: two keys per decision, which must share a slot.
+    let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()))
+        .and(Quota::per_hour(NonZeroU32::new(100).unwrap()));
+    for raw in [
+        "{victim}",
+        "core|victim",
+        "}{",
+        "a{b}c",
+        "{}",
+        "{core|victim}",
+    ] {
+        let decision = store.check(&policy, &Key::new(raw), 1).await.unwrap();
+        assert!(decision.allowed, "{raw}: {decision:?}");
+        let (primary, _) = owners("core", raw);
+        for i in 0..2 {
+            let key = redis_key(&prefix, "core", raw, i);
+            assert!(
+                exists(&cluster.nodes()[primary], &key, false),
+                "{raw}: {key} is not on the primary of its escaped tag's slot"
+            );
+        }
+    }
+    // None of them reached the victim's budget.
+    let victim = store.peek(&policy, &Key::new("victim")).await.unwrap();
+    assert_eq!(victim.used, 0, "{victim:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_saw_the_script_runs_it_after_one_eval() {
+    let cluster = shared_cluster();
+    let store = RedisStore::cluster(cluster.urls())
+        .connect()
+        .await
+        .unwrap()
+        .prefix(unique_prefix("noscript"))
+        .build()
+        .unwrap();
+    let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()));
+    let (primary, _) = owners("core", "fresh");
+    let node = &cluster.nodes()[primary];
+    // Stats first: other tests share this node, and one of them may be the
+    // first to meet the flushed cache; its EVAL must stay counted.
+    tokio::task::block_in_place(|| {
+        for n in cluster.nodes() {
+            reset_stats(n);
+        }
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut node.conn())
+            .unwrap();
+    });
+
+    let decision = store.check(&policy, &Key::new("fresh"), 1).await.unwrap();
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 4);
+
+    let exists: Vec<i64> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(fixed_window_sha())
+        .query(&mut node.conn())
+        .unwrap();
+    assert_eq!(exists, [1], "the owning node has the script now");
+    let calls = script_calls(node);
+    assert!(calls.get("eval").copied().unwrap_or(0) >= 1, "{calls:?}");
+    for n in cluster.nodes() {
+        let calls = script_calls(n);
+        assert!(
+            !calls.contains_key("script|load"),
+            "no SCRIPT LOAD fan-out on a cluster: :{} saw {calls:?}",
+            n.port()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peeks_go_to_replicas_which_read_an_ended_window_as_empty() {
+    let cluster = shared_cluster();
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("replica-reads");
+    let store = RedisStore::cluster(cluster.urls())
+        .read_from_replicas(true)
+        .connect()
+        .await
+        .unwrap()
+        .prefix(&prefix)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(3).unwrap()));
+    let reader = Key::new("reader");
+    for _ in 0..3 {
+        assert!(store.check(&policy, &reader, 1).await.unwrap().allowed);
+    }
+    let rejected = store.check(&policy, &reader, 1).await.unwrap();
+    assert!(!rejected.allowed);
+
+    let (p, r) = owners("core", "reader");
+    let (primary, replica) = (&cluster.nodes()[p], &cluster.nodes()[r]);
+    tokio::task::block_in_place(|| {
+        wait_for_replication(primary, replica);
+        reset_stats(replica);
+    });
+
+    let seen = store.peek(&policy, &reader).await.unwrap();
+    assert_eq!((seen.used, seen.remaining), (3, 0), "{seen:?}");
+
+    assert_eq!(seen.reset_at_micros, rejected.reset_at_micros);
+    let calls = script_calls(replica);
+    assert!(
+        calls.keys().any(|c| c == "evalsha_ro" || c == "eval_ro"),
+        "the replica answered the peek: {calls:?}"
+    );
+
+    // A minute later by the store's clock the window has ended, but in real
+    // time its key lives on (and replicas never expire keys themselves): the
+    // replica must report a fresh window, not an exhausted one.
+    clock.advance(Duration::from_secs(61));
+    assert!(exists(
+        replica,
+        &redis_key(&prefix, "core", "reader", 0),
+        true
+    ));
+    let fresh = store.peek(&policy, &reader).await.unwrap();
+    assert_eq!((fresh.used, fresh.remaining), (0, 3), "{fresh:?}");
+    assert!(fresh.allowed);
+    assert!(fresh.reset_at_micros > rejected.reset_at_micros);
+}
