@@ -317,7 +317,9 @@ impl Limiter {
     /// failure policy applies at once instead of every request waiting out
     /// the deadline against a store that is down or drowning.
     async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        if monotonic_nanos() < self.skip_store_until.load(Ordering::Relaxed) {
+        // Zero until the store first fails: no clock read on the hot path.
+        let skip_until = self.skip_store_until.load(Ordering::Relaxed);
+        if skip_until != 0 && monotonic_nanos() < skip_until {
             return Err(StoreError::cooling_down());
         }
         let watch = Stopwatch::start();
