@@ -56,7 +56,7 @@ mod store;
 mod strategy;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, Receipt};
+pub use decision::{Decision, Receipt, Scope};
 pub use error::{ConfigError, KeyError, StoreError, StoreErrorKind};
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;
