@@ -14,6 +14,7 @@
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
 //!   `If-None-Match` matches.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
+//! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -25,6 +26,7 @@ use axum::http::{request::Parts, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
@@ -131,7 +133,28 @@ async fn rate_limit(State(zoo): State<Zoo>, parts: Parts) -> Response {
     Json(json!({ "resources": resources, "rate": rate })).into_response()
 }
 
+/// Installs the Prometheus recorder; must run before the first request.
+fn install_metrics() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(tollgate::metrics::STORE_LATENCY.into()),
+            tollgate::metrics::LATENCY_BUCKETS,
+        )
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    tollgate::metrics::describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
 async fn build(settings: &Settings) -> Result<Router, String> {
+    let prometheus = install_metrics()?;
     let store: Arc<dyn Store> = match &settings.redis_url {
         Some(url) => Arc::new(
             RedisStore::connect(url)
@@ -155,6 +178,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     Ok(Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
         .route("/rate_limit", get(rate_limit))
+        .route("/metrics", get(move || async move { prometheus.render() }))
         .with_state(zoo))
 }
 

@@ -128,6 +128,14 @@ impl StoreError {
         }
     }
 
+    /// The store failed moments ago and is being given time to recover.
+    pub(crate) fn cooling_down() -> Self {
+        Self::new(
+            StoreErrorKind::Unavailable,
+            "skipped: the store failed within the cooldown",
+        )
+    }
+
     /// The answer could not be understood.
     pub fn protocol(why: impl Into<String>) -> Self {
         Self::new(StoreErrorKind::Protocol, why.into())

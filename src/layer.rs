@@ -8,18 +8,23 @@ use http::request::Parts;
 use http::StatusCode;
 use tower_layer::Layer;
 
+use crate::access::{Access, ClientIp};
 use crate::decision::Decision;
 use crate::error::{ConfigError, KeyError, StoreError};
 use crate::failure::FailurePolicy;
 use crate::headers::RateLimitHeaders;
 use crate::key::{KeyExtractor, PeerIp};
 use crate::limiter::Limiter;
+use crate::metrics::PolicyMetrics;
 use crate::quota::Policy;
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Store};
 
 /// How long a decision may take before the failure policy applies.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(100);
+
+/// How long the store is skipped after it failed.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_millis(500);
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service.
 ///
@@ -62,6 +67,8 @@ impl fmt::Debug for RateLimitLayer {
             .field("policy", &self.limiter.policy)
             .field("store", &self.limiter.store)
             .field("deadline", &self.limiter.deadline)
+            .field("shadow", &self.limiter.shadow)
+            .field("access", &self.limiter.access)
             .finish_non_exhaustive()
     }
 }
@@ -146,10 +153,15 @@ impl std::error::Error for PeekError {
 /// | [`cost`](Self::cost) | 1 per request |
 /// | [`deadline`](Self::deadline) | [`DEFAULT_DEADLINE`] (100 ms) |
 /// | [`on_store_failure`](Self::on_store_failure) | [`FailurePolicy::local`] |
+/// | [`failure_cooldown`](Self::failure_cooldown) | [`DEFAULT_COOLDOWN`] (500 ms) |
 /// | [`limited_status`](Self::limited_status) | 429 |
 /// | [`key_error_status`](Self::key_error_status) | 400 |
 /// | [`refund_when`](Self::refund_when) | status is `304 Not Modified` |
 /// | [`headers`](Self::headers) | [`RateLimitHeaders::GITHUB`] |
+/// | [`shadow`](Self::shadow) | off: rejections are enforced |
+/// | [`allow`](Self::allow), [`allow_cidrs`](Self::allow_cidrs) | nobody skips the limit |
+/// | [`deny`](Self::deny), [`deny_cidrs`](Self::deny_cidrs) | nobody is refused outright |
+/// | [`cidr_address`](Self::cidr_address) | [`PeerIp`]: the TCP peer |
 ///
 /// ```
 /// use std::{num::NonZeroU32, time::Duration};
@@ -180,6 +192,9 @@ pub struct RateLimitLayerBuilder {
     key_error_status: StatusCode,
     refund_when: Arc<crate::limiter::RefundFn>,
     headers: RateLimitHeaders,
+    shadow: bool,
+    access: Access,
+    cooldown: Duration,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -195,6 +210,9 @@ impl Default for RateLimitLayerBuilder {
             key_error_status: StatusCode::BAD_REQUEST,
             refund_when: Arc::new(|status| status == StatusCode::NOT_MODIFIED),
             headers: RateLimitHeaders::default(),
+            shadow: false,
+            access: Access::default(),
+            cooldown: DEFAULT_COOLDOWN,
         }
     }
 }
@@ -204,6 +222,8 @@ impl fmt::Debug for RateLimitLayerBuilder {
         f.debug_struct("RateLimitLayerBuilder")
             .field("policy", &self.policy)
             .field("deadline", &self.deadline)
+            .field("shadow", &self.shadow)
+            .field("access", &self.access)
             .finish_non_exhaustive()
     }
 }
@@ -251,6 +271,15 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// After a store failure, apply the failure policy straight away for this
+    /// long instead of asking the store again (zero: ask every time). Keeps
+    /// requests from each waiting out the deadline while Redis is down or
+    /// drowning, and gives it room to recover.
+    pub fn failure_cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+
     /// The status of rejections: 429 (default) or 403, as GitHub sends.
     pub fn limited_status(mut self, status: StatusCode) -> Self {
         self.limited_status = status;
@@ -278,6 +307,187 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Shadow mode, for rolling a limit out safely: every request is decided,
+    /// counted and given its headers as usual, but none is refused by the
+    /// limit. Watch the `shadow_limited` outcome of `tollgate_decisions_total`
+    /// (feature `metrics`) and the debug events, then turn it off.
+    ///
+    /// - An over-limit request reaches your handler with
+    ///   `X-RateLimit-Remaining: 0` and no `Retry-After`; the [`Decision`] in
+    ///   its extensions says `allowed: false`. Like any rejection it was
+    ///   **not charged**, so the store's counts are exactly those the
+    ///   enforced limit would have produced.
+    /// - A request without a key passes (no headers) instead of getting the
+    ///   key-error status; a store failure under [`FailurePolicy::Closed`]
+    ///   fails open instead.
+    /// - Deny-lists are still enforced: they are deliberate, not a limit
+    ///   being tried out.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Router};
+    /// use tower::ServiceExt;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap())))
+    ///     .shadow(true)
+    ///     .build()
+    ///     .unwrap();
+    /// let app = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(layer)
+    ///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+    ///
+    /// let _ = app.clone().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    /// let over = app.oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    /// assert_eq!(over.status(), 200); // would have been 429
+    /// assert_eq!(over.headers()["x-ratelimit-remaining"], "0");
+    /// # }
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// Lets requests for which `allow` returns true through untouched: no
+    /// store call, no charge, no headers. Health checks, internal callers.
+    /// May be called several times; any match allows. Deny-lists win.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
+    ///     .allow(|parts| parts.uri.path() == "/healthz")
+    ///     .allow(|parts| parts.headers.contains_key("x-internal-token")) // checked by an earlier layer
+    ///     .build();
+    /// assert!(layer.is_ok());
+    /// ```
+    pub fn allow(mut self, allow: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.access.allow(Arc::new(allow));
+        self
+    }
+
+    /// Lets requests from these networks (`"10.0.0.0/8"`, `"::1"`) through
+    /// untouched, like [`allow`](Self::allow). Matched against the address
+    /// [`cidr_address`](Self::cidr_address) finds: by default the TCP peer,
+    /// which behind a proxy is the proxy. An invalid network fails
+    /// [`build`](Self::build).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap()));
+    /// let ok = RateLimitLayer::builder().policy(policy.clone()).allow_cidrs(["10.0.0.0/8", "::1"]).build();
+    /// assert!(ok.is_ok());
+    /// let bad = RateLimitLayer::builder().policy(policy).allow_cidrs(["10.0.0.0/33"]).build();
+    /// assert!(bad.unwrap_err().to_string().contains("10.0.0.0/33"));
+    /// ```
+    pub fn allow_cidrs<I, S>(mut self, networks: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.access.allow_networks(networks);
+        self
+    }
+
+    /// Refuses requests for which `deny` returns true, before the store is
+    /// asked: the [limited status](Self::limited_status) and a JSON message,
+    /// without rate-limit headers or `Retry-After`. Enforced in
+    /// [shadow mode](Self::shadow) too. May be called several times; any
+    /// match denies.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Router};
+    /// use tower::ServiceExt;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
+    ///     .deny(|parts| parts.headers.get("user-agent").is_some_and(|ua| ua == "BadBot/1.0"))
+    ///     .build()
+    ///     .unwrap();
+    /// let app = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(layer)
+    ///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+    ///
+    /// let bot = Request::get("/").header("user-agent", "BadBot/1.0").body(Body::empty()).unwrap();
+    /// assert_eq!(app.oneshot(bot).await.unwrap().status(), 429);
+    /// # }
+    /// ```
+    pub fn deny(mut self, deny: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.access.deny(Arc::new(deny));
+        self
+    }
+
+    /// Refuses requests from these networks, like [`deny`](Self::deny).
+    /// Matched against the address [`cidr_address`](Self::cidr_address)
+    /// finds. An invalid network fails [`build`](Self::build).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
+    ///     .deny_cidrs(["203.0.113.0/24", "2001:db8:bad::/48"])
+    ///     .build();
+    /// assert!(layer.is_ok());
+    /// ```
+    pub fn deny_cidrs<I, S>(mut self, networks: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.access.deny_networks(networks);
+        self
+    }
+
+    /// Where the network lists of [`allow_cidrs`](Self::allow_cidrs) and
+    /// [`deny_cidrs`](Self::deny_cidrs) find the client's address. The
+    /// default, [`PeerIp`], is the TCP peer. Behind reverse proxies use
+    /// [`ForwardedIp`](crate::ForwardedIp), which reads `X-Forwarded-For`
+    /// only from your proxies; never trust that header from anyone else, or
+    /// any client can claim an allow-listed address. A request whose address
+    /// cannot be found matches no network.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{net::SocketAddr, num::NonZeroU32};
+    /// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Router};
+    /// use tower::ServiceExt;
+    /// use tollgate::{ForwardedIp, Policy, Quota, RateLimitLayer};
+    ///
+    /// let proxies = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
+    ///     .key(proxies.clone())
+    ///     .deny_cidrs(["203.0.113.0/24"])
+    ///     .cidr_address(proxies)
+    ///     .build()
+    ///     .unwrap();
+    /// let app = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(layer)
+    ///     .layer(MockConnectInfo(SocketAddr::from(([10, 0, 0, 1], 443)))); // our proxy
+    ///
+    /// let via_proxy = Request::get("/").header("x-forwarded-for", "203.0.113.7").body(Body::empty()).unwrap();
+    /// assert_eq!(app.oneshot(via_proxy).await.unwrap().status(), 429);
+    /// # }
+    /// ```
+    pub fn cidr_address(mut self, source: impl ClientIp) -> Self {
+        self.access.address(Arc::new(source));
+        self
+    }
+
     /// The layer, or why this configuration cannot work.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let policy = self
@@ -299,8 +509,10 @@ impl RateLimitLayerBuilder {
                 )));
             }
         }
+        let access = self.access.validate()?;
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
+                metrics: PolicyMetrics::new(&policy),
                 policy,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
@@ -311,6 +523,10 @@ impl RateLimitLayerBuilder {
                 key_error_status: self.key_error_status,
                 refund_when: self.refund_when,
                 headers: self.headers,
+                shadow: self.shadow,
+                access,
+                cooldown: self.cooldown,
+                skip_store_until: Default::default(),
             }),
         })
     }

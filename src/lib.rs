@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod access;
 mod clock;
 mod decision;
 mod error;
@@ -49,12 +50,17 @@ mod headers;
 mod key;
 mod layer;
 mod limiter;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 mod quota;
 mod response;
 mod service;
 mod store;
 mod strategy;
 
+pub use access::ClientIp;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Receipt, Scope};
 pub use error::{ConfigError, KeyError, StoreError, StoreErrorKind};
@@ -64,7 +70,9 @@ pub use headers::RateLimitHeaders;
 pub use key::{
     And, ForwardedHeader, ForwardedIp, HeaderKey, Key, KeyExtractor, Or, PeerIp, RouteKey,
 };
-pub use layer::{PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_DEADLINE};
+pub use layer::{
+    PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_COOLDOWN, DEFAULT_DEADLINE,
+};
 pub use limiter::StoreUnavailable;
 pub use quota::{Policy, Quota};
 pub use service::RateLimit;

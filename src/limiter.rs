@@ -1,19 +1,23 @@
 //! The request path's logic, apart from tower's plumbing: identify, decide
 //! (within a deadline, with a failure policy), and settle refunds.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Response, StatusCode};
+use tracing::Instrument;
 
+use crate::access::{Access, Listed};
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
 use crate::headers::RateLimitHeaders;
 use crate::key::{Key, KeyExtractor};
+use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
 use crate::quota::Policy;
 use crate::response;
 use crate::store::Store;
@@ -51,6 +55,20 @@ pub(crate) struct Limiter {
     pub(crate) key_error_status: StatusCode,
     pub(crate) refund_when: Arc<RefundFn>,
     pub(crate) headers: RateLimitHeaders,
+    /// Decide and count, but never reject (deny-lists aside).
+    pub(crate) shadow: bool,
+    pub(crate) access: Access,
+    pub(crate) metrics: PolicyMetrics,
+    pub(crate) cooldown: Duration,
+    /// Until when (ns since [`EPOCH`]) the main store is skipped after a failure.
+    pub(crate) skip_store_until: AtomicU64,
+}
+
+/// A process-wide monotonic origin for the breaker's timestamps.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn monotonic_nanos() -> u64 {
+    EPOCH.elapsed().as_nanos() as u64
 }
 
 /// Which store decided a request; refunds go back to the same one.
@@ -68,6 +86,18 @@ pub(crate) struct Pass {
     degraded: Option<StoreErrorKind>,
 }
 
+impl Pass {
+    /// Through without a decision: nothing to settle, no headers.
+    fn bare(degraded: Option<StoreErrorKind>) -> Self {
+        Pass {
+            key: None,
+            decision: None,
+            decider: Decider::Main,
+            degraded,
+        }
+    }
+}
+
 /// The outcome of [`Limiter::admit`].
 pub(crate) enum Verdict {
     Pass(Pass),
@@ -75,74 +105,112 @@ pub(crate) enum Verdict {
 }
 
 impl Limiter {
-    /// Identifies the caller and decides, never waiting past the deadline.
+    /// Identifies the caller and decides, never waiting past the deadline;
+    /// counts the outcome, and traces it in a debug span with the policy,
+    /// the hashed key and the outcome.
     pub(crate) async fn admit(&self, parts: &mut Parts) -> Verdict {
+        let span = tracing::debug_span!(
+            "rate_limit",
+            policy = self.policy.name(),
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            remaining = tracing::field::Empty,
+        );
+        let (verdict, outcome) = self.decide(parts, &span).instrument(span.clone()).await;
+        self.metrics.decision(outcome);
+        span.record("outcome", outcome.as_str());
+        tracing::debug!(parent: &span, "rate limit decision");
+        verdict
+    }
+
+    async fn decide(&self, parts: &mut Parts, span: &tracing::Span) -> (Verdict, Outcome) {
+        match self.access.check(parts) {
+            None => {}
+            Some(Listed::Allowed) => {
+                return (Verdict::Pass(Pass::bare(None)), Outcome::AllowListed)
+            }
+            Some(Listed::Denied) => {
+                let response = response::denied(self.limited_status, &self.policy);
+                return (Verdict::Respond(response), Outcome::DenyListed);
+            }
+        }
         let key = match self.key.extract(parts) {
             Ok(key) => key,
             Err(err) => {
                 tracing::debug!(policy = self.policy.name(), error = %err, "rate limit key not found");
-                return Verdict::Respond(response::unidentified(self.key_error_status, &err));
+                if self.shadow {
+                    return (Verdict::Pass(Pass::bare(None)), Outcome::KeyError);
+                }
+                let response = response::unidentified(self.key_error_status, &err);
+                return (Verdict::Respond(response), Outcome::KeyError);
             }
         };
+        if !span.is_disabled() {
+            span.record("key", key.hashed());
+        }
         let cost = self.cost.as_ref().map_or(1, |f| f(parts));
 
-        let (decision, decider, degraded) = match self.ask(&*self.store, &key, cost).await {
+        let (decision, decider, degraded) = match self.ask_main(&key, cost).await {
             Ok(decision) => (decision, Decider::Main, None),
             Err(err) => {
-                tracing::warn!(policy = self.policy.name(), error = %err, kind = err.kind().as_str(),
+                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
                     "rate limit store failed; applying failure policy");
                 let kind = err.kind();
                 parts.extensions.insert(StoreUnavailable { kind });
                 match &self.failure {
                     FailurePolicy::Open => {
-                        return Verdict::Pass(Pass {
-                            key: None,
-                            decision: None,
-                            decider: Decider::Main,
-                            degraded: Some(kind),
-                        })
+                        return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)
+                    }
+                    // Shadow mode never rejects: fail open instead.
+                    FailurePolicy::Closed { .. } if self.shadow => {
+                        return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)
                     }
                     FailurePolicy::Closed { retry_after } => {
                         let secs = (retry_after.as_micros() as u64).div_ceil(1_000_000);
-                        return Verdict::Respond(response::unavailable(secs));
+                        return (
+                            Verdict::Respond(response::unavailable(secs)),
+                            Outcome::FailClosed,
+                        );
                     }
                     FailurePolicy::Local(local) => match self.ask(&**local, &key, cost).await {
                         Ok(decision) => (decision, Decider::Fallback, Some(kind)),
                         Err(err) => {
-                            tracing::warn!(policy = self.policy.name(), error = %err, "fallback store failed too; letting the request through");
-                            return Verdict::Pass(Pass {
-                                key: None,
-                                decision: None,
-                                decider: Decider::Main,
-                                degraded: Some(kind),
-                            });
+                            tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
+                            return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
                         }
                     },
                 }
             }
         };
 
-        tracing::debug!(
-            policy = self.policy.name(),
-            allowed = decision.allowed,
-            remaining = decision.remaining,
-            "rate limit decision"
-        );
-        if !decision.allowed {
+        span.record("remaining", decision.remaining);
+        let outcome = match (decision.allowed, decider) {
+            (true, Decider::Main) => Outcome::Allowed,
+            (true, Decider::Fallback) => Outcome::Fallback,
+            (false, _) if self.shadow => Outcome::ShadowLimited,
+            (false, _) => Outcome::Limited,
+        };
+        if outcome == Outcome::Limited {
             let mut response =
                 response::limited(self.limited_status, &self.policy, &decision, self.headers);
             if let Some(kind) = degraded {
                 mark_degraded(response.headers_mut(), kind, decider);
             }
-            return Verdict::Respond(response);
+            return (Verdict::Respond(response), outcome);
         }
+        // A shadow-limited request goes on with `allowed == false` in its
+        // extensions; its response shows the rejection's headers (Remaining 0)
+        // without Retry-After. The store did not charge it.
         parts.extensions.insert(decision.clone());
-        Verdict::Pass(Pass {
+        let mut decision = decision;
+        decision.retry_after = None;
+        let pass = Pass {
             key: Some(key),
             decision: Some(decision),
             decider,
             degraded,
-        })
+        };
+        (Verdict::Pass(pass), outcome)
     }
 
     /// After the inner service answered: refund if its status says so, then
@@ -172,10 +240,12 @@ impl Limiter {
                     decision = decision.refunded(cost);
                 }
                 Ok(Err(err)) => {
-                    tracing::warn!(policy = self.policy.name(), error = %err, "rate limit refund failed")
+                    self.metrics.store_error(err.kind());
+                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "rate limit refund failed")
                 }
                 Err(_) => {
-                    tracing::warn!(policy = self.policy.name(), "rate limit refund timed out")
+                    self.metrics.store_error(StoreErrorKind::Timeout);
+                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), "rate limit refund timed out")
                 }
             }
         }
@@ -189,6 +259,26 @@ impl Limiter {
             Ok(result) => result.map_err(crate::PeekError::Store),
             Err(_) => Err(crate::PeekError::Store(StoreError::timeout())),
         }
+    }
+
+    /// Asks the main store, unless it failed within the cooldown: then the
+    /// failure policy applies at once instead of every request waiting out
+    /// the deadline against a store that is down or drowning.
+    async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        if monotonic_nanos() < self.skip_store_until.load(Ordering::Relaxed) {
+            return Err(StoreError::cooling_down());
+        }
+        let watch = Stopwatch::start();
+        let result = self.ask(&*self.store, key, cost).await;
+        self.metrics.store_latency(watch);
+        if let Err(err) = &result {
+            self.metrics.store_error(err.kind());
+        }
+        if result.is_err() && !self.cooldown.is_zero() {
+            let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;
+            self.skip_store_until.fetch_max(until, Ordering::Relaxed);
+        }
+        result
     }
 
     async fn ask(&self, store: &dyn Store, key: &Key, cost: u64) -> Result<Decision, StoreError> {

@@ -214,6 +214,12 @@ impl Policy {
         &self.name
     }
 
+    /// The name as shared text, for labels that outlive a request.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        self.name.clone()
+    }
+
     /// The algorithm.
     pub fn strategy(&self) -> &Strategy {
         &self.strategy

@@ -72,3 +72,16 @@ pub(crate) fn unavailable(retry_after_secs: u64) -> Response<Body> {
         .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
     response
 }
+
+/// The request is on the deny-list: `status` (the limited status) and a
+/// short JSON message. No rate-limit headers and no `Retry-After`: waiting
+/// will not help.
+pub(crate) fn denied(status: StatusCode, policy: &Policy) -> Response<Body> {
+    json(
+        status,
+        json!({
+            "message": format!("requests from this caller are refused for resource '{}'.", policy.name()),
+            "resource": policy.name(),
+        }),
+    )
+}

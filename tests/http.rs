@@ -131,6 +131,58 @@ async fn rejection_status_can_be_403_as_github_sends() {
     assert_eq!(send(&app, get_tiger()).await.0, StatusCode::FORBIDDEN);
 }
 
+/// What `@octokit/plugin-throttling` 11 and urllib3's `Retry` read from a
+/// rejection (checked against the real clients by `scripts/clients/check.sh`):
+/// octokit retries a 403 or 429 as a *primary* limit only when
+/// `x-ratelimit-remaining` is exactly "0" and the message does not match
+/// `/\bsecondary rate\b/i`, and then waits until `x-ratelimit-reset` + 1 s;
+/// urllib3 sleeps `Retry-After` (integer seconds). Either wait must land in
+/// the next window.
+#[tokio::test]
+async fn rejections_read_as_a_primary_limit_and_either_clients_wait_gets_through() {
+    for (status, peer) in [
+        (StatusCode::TOO_MANY_REQUESTS, [192, 0, 2, 40]),
+        (StatusCode::FORBIDDEN, [192, 0, 2, 41]),
+    ] {
+        for octokit_wait in [false, true] {
+            let clock = ManualClock::new(T0);
+            let layer = builder(1, 10, &clock)
+                .limited_status(status)
+                .build()
+                .unwrap();
+            let app = app(layer, peer);
+            clock.advance(Duration::from_millis(250)); // window ends at T0 + 10.25 s
+            assert_eq!(send(&app, get_tiger()).await.0, StatusCode::OK);
+            clock.advance(Duration::from_millis(3_250));
+
+            let (got, headers, body) = send(&app, get_tiger()).await;
+            assert_eq!(got, status);
+            assert_eq!(h(&headers, "x-ratelimit-remaining"), "0");
+            let message = serde_json::from_str::<serde_json::Value>(&body).unwrap()["message"]
+                .as_str()
+                .unwrap()
+                .to_lowercase();
+            assert!(!message.contains("secondary rate"), "{message}");
+            let retry_after: u64 = h(&headers, "retry-after").parse().unwrap();
+            let reset: u64 = h(&headers, "x-ratelimit-reset").parse().unwrap();
+            assert_eq!((retry_after, reset), (7, T0 / 1_000_000 + 11));
+
+            if octokit_wait {
+                clock.set(reset * 1_000_000 + 1_000_000);
+            } else {
+                clock.advance(Duration::from_secs(retry_after));
+            }
+            let (got, headers, _) = send(&app, get_tiger()).await;
+            assert_eq!(
+                got,
+                StatusCode::OK,
+                "{status}, octokit's wait: {octokit_wait}"
+            );
+            assert_eq!(h(&headers, "x-ratelimit-used"), "1");
+        }
+    }
+}
+
 #[tokio::test]
 async fn not_modified_is_refunded_and_says_so_in_its_headers() {
     let clock = ManualClock::new(T0);

@@ -120,17 +120,7 @@ impl ForwardedIp {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let trusted = networks
-            .into_iter()
-            .map(|s| {
-                let s = s.as_ref().trim();
-                s.parse::<IpNet>()
-                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| {
-                        ConfigError::new(format!("{s:?} is not a network (CIDR) or address"))
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let trusted = parse_networks(networks)?;
         Ok(Self {
             trusted,
             header: ForwardedHeader::default(),
@@ -155,7 +145,7 @@ impl ForwardedIp {
     }
 
     /// The client address: the rightmost hop that is not a trusted proxy.
-    fn client(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
+    pub(crate) fn client(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
         let peer = peer(parts)?;
         if !self.is_trusted(peer) {
             return Ok(peer);
@@ -202,7 +192,24 @@ fn check_prefix(bits: u8) -> Result<u8, ConfigError> {
     }
 }
 
-fn peer(parts: &Parts) -> Result<IpAddr, KeyError> {
+/// Networks (`"10.0.0.0/8"`) or bare addresses (one host each).
+pub(crate) fn parse_networks<I, S>(networks: I) -> Result<Vec<IpNet>, ConfigError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    networks
+        .into_iter()
+        .map(|s| {
+            let s = s.as_ref().trim();
+            s.parse::<IpNet>()
+                .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| ConfigError::new(format!("{s:?} is not a network (CIDR) or address")))
+        })
+        .collect()
+}
+
+pub(crate) fn peer(parts: &Parts) -> Result<IpAddr, KeyError> {
     let extensions = &parts.extensions;
     extensions
         .get::<ConnectInfo<SocketAddr>>()

@@ -8,6 +8,7 @@ mod ip;
 mod route;
 
 pub use header::HeaderKey;
+pub(crate) use ip::{parse_networks, peer};
 pub use ip::{ForwardedHeader, ForwardedIp, PeerIp};
 pub use route::RouteKey;
 
@@ -65,6 +66,14 @@ impl Key {
     /// The escaped text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// What logs show instead of the key, which may be an address or an API
+    /// key: the first 16 hex digits of its SHA-256. Enough to follow one
+    /// caller through the logs; not anonymous (IPv4 space is small enough to
+    /// hash whole).
+    pub(crate) fn hashed(&self) -> String {
+        hex_digest(self.0.as_bytes(), 16)
     }
 
     /// Builds from text already known to be safe (addresses, digests).

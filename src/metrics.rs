@@ -1,0 +1,406 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`): what the limiter decided, how the store is doing, and how fast.
+//!
+//! tollgate only emits; your application installs a recorder, e.g.
+//! `metrics-exporter-prometheus`, and serves its rendering at `/metrics`
+//! (see [`describe`] for the setup and `examples/metrics.rs` for an axum app).
+//! Without a recorder every emission is a no-op. Install the recorder before
+//! the first request: each layer looks its metric handles up once, on first
+//! use, and keeps them.
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | [`tollgate_decisions_total`](DECISIONS) | counter | `policy`, `outcome` | one per request, by what happened to it |
+//! | [`tollgate_store_errors_total`](STORE_ERRORS) | counter | `policy`, `kind` | store calls (checks and refunds) that failed or missed the deadline; `kind` is `timeout`, `unavailable`, `protocol` or `rejected` |
+//! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on the main store per decision, failures and timeouts included |
+//! | [`tollgate_local_cache_hits_total`](LOCAL_CACHE_HITS) | counter | `policy` | decisions answered from the in-process cache without a store call |
+//! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | estimate of distinct callers recently seen |
+//!
+//! `outcome` is one of:
+//!
+//! | outcome | the request | in [shadow mode](crate::RateLimitLayerBuilder::shadow) |
+//! |---|---|---|
+//! | `allowed` | passed: the store said yes | same |
+//! | `limited` | rejected (429/403): over the limit, by the store or the local fallback | never; counted as `shadow_limited` |
+//! | `shadow_limited` | passed although over the limit (not charged) | |
+//! | `key_error` | rejected (400): no key could be taken from it | passes, still counted as `key_error` |
+//! | `fail_open` | passed: the store failed and the failure policy let it through | also what fail-closed does |
+//! | `fail_closed` | rejected (503): the store failed and the failure policy is closed | never; counted as `fail_open` |
+//! | `fallback` | passed: the store failed and the local fallback said yes | same |
+//! | `allow_listed` | passed without asking the store | same |
+//! | `deny_listed` | rejected without asking the store | same: deny lists are enforced |
+//!
+//! Labels are bounded: `policy` is a policy's name, never a caller's key.
+//! Handles are cached per layer, so counting a request allocates nothing.
+
+use crate::error::StoreErrorKind;
+use crate::quota::Policy;
+
+/// Counter name: requests by `policy` and `outcome`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::DECISIONS, "tollgate_decisions_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const DECISIONS: &str = "tollgate_decisions_total";
+
+/// Counter name: failed store calls by `policy` and `kind`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::STORE_ERRORS, "tollgate_store_errors_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
+
+/// Histogram name: seconds waited on the main store per decision, by `policy`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::STORE_LATENCY, "tollgate_store_latency_seconds");
+/// ```
+#[cfg(feature = "metrics")]
+pub const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
+
+/// Counter name: decisions served from the in-process cache, by `policy`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::LOCAL_CACHE_HITS, "tollgate_local_cache_hits_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const LOCAL_CACHE_HITS: &str = "tollgate_local_cache_hits_total";
+
+/// Gauge name: estimated distinct callers recently seen, by `policy`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::ACTIVE_CALLERS, "tollgate_active_callers");
+/// ```
+#[cfg(feature = "metrics")]
+pub const ACTIVE_CALLERS: &str = "tollgate_active_callers";
+
+/// Histogram buckets (seconds) suited to [`STORE_LATENCY`]: 100 µs to 1 s,
+/// dense around the default 100 ms deadline. Prometheus exporters render
+/// histograms as summaries unless given buckets.
+///
+/// ```
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+/// use tollgate::metrics::{LATENCY_BUCKETS, STORE_LATENCY};
+///
+/// let builder = PrometheusBuilder::new()
+///     .set_buckets_for_metric(Matcher::Full(STORE_LATENCY.into()), LATENCY_BUCKETS)
+///     .unwrap();
+/// # let _ = builder;
+/// ```
+#[cfg(feature = "metrics")]
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Gives every tollgate metric its unit and help text in the recorder
+/// installed now (Prometheus prints them as `# HELP` lines). Optional; call
+/// it once after installing the recorder.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::num::NonZeroU32;
+/// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Router};
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+/// use tower::ServiceExt;
+/// use tollgate::{Policy, Quota, RateLimitLayer};
+///
+/// // At start-up, before serving:
+/// let prometheus = PrometheusBuilder::new()
+///     .set_buckets_for_metric(
+///         Matcher::Full(tollgate::metrics::STORE_LATENCY.into()),
+///         tollgate::metrics::LATENCY_BUCKETS,
+///     )
+///     .unwrap()
+///     .install_recorder()
+///     .expect("no other recorder installed");
+/// tollgate::metrics::describe();
+///
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
+///     .build()
+///     .unwrap();
+/// let api = Router::new().route("/", get(|| async { "hi" })).route_layer(layer);
+/// // `/metrics` beside the limited routes, so scrapes are not limited:
+/// let app = api
+///     .route("/metrics", get(move || async move { prometheus.render() }))
+///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+///
+/// app.clone().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+/// let scrape = app.oneshot(Request::get("/metrics").body(Body::empty()).unwrap()).await.unwrap();
+/// let text = axum::body::to_bytes(scrape.into_body(), 1 << 20).await.unwrap();
+/// let text = std::str::from_utf8(&text).unwrap();
+/// assert!(text.contains("# HELP tollgate_decisions_total"));
+/// assert!(text.contains(r#"tollgate_decisions_total{policy="core",outcome="allowed"} 1"#));
+/// assert!(text.contains(r#"tollgate_store_latency_seconds_bucket{policy="core",le="0.1"} 1"#));
+/// # }
+/// ```
+#[cfg(feature = "metrics")]
+pub fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        DECISIONS,
+        Unit::Count,
+        "Requests seen by a tollgate rate limit, by policy and outcome"
+    );
+    describe_counter!(
+        STORE_ERRORS,
+        Unit::Count,
+        "Rate limit store calls that failed or missed the deadline, by policy and kind"
+    );
+    describe_histogram!(
+        STORE_LATENCY,
+        Unit::Seconds,
+        "Time waited on the rate limit store per decision, failures included"
+    );
+    describe_counter!(
+        LOCAL_CACHE_HITS,
+        Unit::Count,
+        "Rate limit decisions answered from the in-process cache"
+    );
+    describe_gauge!(
+        ACTIVE_CALLERS,
+        Unit::Count,
+        "Estimated distinct callers recently seen by a rate limit policy"
+    );
+}
+
+/// What happened to one request; a metric label and a tracing field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Limited,
+    ShadowLimited,
+    KeyError,
+    FailOpen,
+    FailClosed,
+    Fallback,
+    AllowListed,
+    DenyListed,
+}
+
+impl Outcome {
+    #[cfg(feature = "metrics")]
+    const ALL: [Outcome; 9] = [
+        Outcome::Allowed,
+        Outcome::Limited,
+        Outcome::ShadowLimited,
+        Outcome::KeyError,
+        Outcome::FailOpen,
+        Outcome::FailClosed,
+        Outcome::Fallback,
+        Outcome::AllowListed,
+        Outcome::DenyListed,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::ShadowLimited => "shadow_limited",
+            Outcome::KeyError => "key_error",
+            Outcome::FailOpen => "fail_open",
+            Outcome::FailClosed => "fail_closed",
+            Outcome::Fallback => "fallback",
+            Outcome::AllowListed => "allow_listed",
+            Outcome::DenyListed => "deny_listed",
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+const KINDS: [StoreErrorKind; 4] = [
+    StoreErrorKind::Timeout,
+    StoreErrorKind::Unavailable,
+    StoreErrorKind::Protocol,
+    StoreErrorKind::Rejected,
+];
+
+#[cfg(feature = "metrics")]
+fn kind_index(kind: StoreErrorKind) -> usize {
+    match kind {
+        StoreErrorKind::Timeout => 0,
+        StoreErrorKind::Unavailable => 1,
+        StoreErrorKind::Protocol => 2,
+        StoreErrorKind::Rejected => 3,
+    }
+}
+
+/// One layer's metric handles, looked up on first use and then reused, so
+/// the request path only bumps atomics. Compiles to nothing without the
+/// `metrics` feature.
+pub(crate) struct PolicyMetrics {
+    #[cfg(feature = "metrics")]
+    policy: ::metrics::SharedString,
+    #[cfg(feature = "metrics")]
+    handles: std::sync::OnceLock<Handles>,
+}
+
+#[cfg(feature = "metrics")]
+struct Handles {
+    decisions: [::metrics::Counter; Outcome::ALL.len()],
+    store_errors: [::metrics::Counter; KINDS.len()],
+    store_latency: ::metrics::Histogram,
+}
+
+impl PolicyMetrics {
+    pub(crate) fn new(policy: &Policy) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = policy;
+        Self {
+            #[cfg(feature = "metrics")]
+            policy: policy.shared_name().into(),
+            #[cfg(feature = "metrics")]
+            handles: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Handles from the recorder installed at first use (global, or a
+    /// thread-local one in tests).
+    #[cfg(feature = "metrics")]
+    fn handles(&self) -> &Handles {
+        self.handles.get_or_init(|| {
+            let policy = &self.policy;
+            Handles {
+                decisions: Outcome::ALL.map(|outcome| {
+                    ::metrics::counter!(DECISIONS, "policy" => policy.clone(), "outcome" => outcome.as_str())
+                }),
+                store_errors: KINDS.map(|kind| {
+                    ::metrics::counter!(STORE_ERRORS, "policy" => policy.clone(), "kind" => kind.as_str())
+                }),
+                store_latency: ::metrics::histogram!(STORE_LATENCY, "policy" => policy.clone()),
+            }
+        })
+    }
+
+    /// Counts one request under `outcome`.
+    #[inline]
+    pub(crate) fn decision(&self, outcome: Outcome) {
+        #[cfg(feature = "metrics")]
+        self.handles().decisions[outcome as usize].increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = outcome;
+    }
+
+    /// Counts one failed store call.
+    #[inline]
+    pub(crate) fn store_error(&self, kind: StoreErrorKind) {
+        #[cfg(feature = "metrics")]
+        self.handles().store_errors[kind_index(kind)].increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = kind;
+    }
+
+    /// Records the time since `watch` started as one store call's latency.
+    #[inline]
+    pub(crate) fn store_latency(&self, watch: Stopwatch) {
+        #[cfg(feature = "metrics")]
+        self.handles()
+            .store_latency
+            .record(watch.elapsed().as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = watch;
+    }
+}
+
+/// Reads the clock only when metrics are compiled in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stopwatch {
+    #[cfg(feature = "metrics")]
+    started: std::time::Instant,
+}
+
+impl Stopwatch {
+    #[inline]
+    pub(crate) fn start() -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            started: std::time::Instant::now(),
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+}
+
+/// Counts a decision answered from the in-process cache, without a store call.
+/// For code paths without the layer's cached handles at hand.
+#[allow(dead_code)] // called by the local cache, landing on another branch
+#[inline]
+pub(crate) fn local_cache_hit(policy: &Policy) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(LOCAL_CACHE_HITS, "policy" => policy.shared_name()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = policy;
+}
+
+/// Sets the estimate of distinct callers recently seen under `policy`.
+#[allow(dead_code)] // called by the caller-count estimate, landing on another branch
+#[inline]
+pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(ACTIVE_CALLERS, "policy" => policy.shared_name()).set(estimate);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, estimate);
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+    use crate::quota::Quota;
+
+    #[test]
+    fn helpers_for_other_modules_label_by_policy() {
+        let policy = Policy::fixed_window("core", Quota::per_second(NonZeroU32::new(1).unwrap()));
+        let recorder = DebuggingRecorder::new();
+        ::metrics::with_local_recorder(&recorder, || {
+            local_cache_hit(&policy);
+            local_cache_hit(&policy);
+            active_callers(&policy, 42.0);
+        });
+        // One snapshot: taking one drains the recorder.
+        let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()));
+                (key.key().name().to_owned(), labels.collect(), value)
+            })
+            .collect();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let core = vec!["policy=core".to_owned()];
+        assert_eq!(
+            seen,
+            vec![
+                (
+                    ACTIVE_CALLERS.to_owned(),
+                    core.clone(),
+                    DebugValue::Gauge(42.0.into())
+                ),
+                (LOCAL_CACHE_HITS.to_owned(), core, DebugValue::Counter(2)),
+            ]
+        );
+    }
+
+    #[test]
+    fn outcome_and_kind_tables_match_their_indices() {
+        for (i, outcome) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(*outcome as usize, i);
+        }
+        for (i, kind) in KINDS.iter().enumerate() {
+            assert_eq!(kind_index(*kind), i);
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! What the layer tells `tracing`: a debug span per decision with the policy,
+//! the hashed key and the outcome, and warnings for store failures.
+//!
+//! One subscriber for the whole binary, installed before any callsite is hit:
+//! per-test thread-local subscribers race over tracing's cached callsite
+//! interest and made these tests flaky. Each test captures only its own
+//! thread's output (tokio tests run on one thread).
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Once;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use tower::ServiceExt;
+
+use tollgate::{
+    BoxFuture, Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, Store,
+    StoreError, StoreErrorKind,
+};
+
+thread_local! {
+    static CAPTURED: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
+
+/// Writes into this thread's capture buffer, if one is open.
+struct ThreadCapture;
+
+impl Write for ThreadCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        CAPTURED.with(|c| {
+            if let Some(out) = c.borrow_mut().as_mut() {
+                out.extend_from_slice(buf);
+            }
+        });
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Starts capturing this thread's log lines (debug and up).
+fn capture() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(|| ThreadCapture)
+            .init();
+    });
+    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+}
+
+fn captured() -> String {
+    CAPTURED.with(|c| String::from_utf8(c.borrow().clone().unwrap_or_default()).unwrap())
+}
+
+/// What logs show for a key: the first 16 hex digits of its SHA-256.
+fn hashed(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..16]
+        .to_owned()
+}
+
+/// A store that is always down, as the layer sees an unreachable Redis.
+#[derive(Debug)]
+struct Down;
+
+fn down<T>() -> BoxFuture<'static, Result<T, StoreError>> {
+    Box::pin(async {
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "connection refused",
+        ))
+    })
+}
+
+impl Store for Down {
+    fn check<'a>(
+        &'a self,
+        _: &'a Policy,
+        _: &'a Key,
+        _: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        down()
+    }
+
+    fn peek<'a>(
+        &'a self,
+        _: &'a Policy,
+        _: &'a Key,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        down()
+    }
+
+    fn refund<'a>(
+        &'a self,
+        _: &'a Policy,
+        _: &'a Key,
+        _: &'a Receipt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        down()
+    }
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer)
+        .layer(MockConnectInfo(
+            "192.0.2.44:1".parse::<SocketAddr>().unwrap(),
+        ))
+}
+
+async fn hit(app: &Router) -> StatusCode {
+    let req = Request::get("/").body(Body::empty()).unwrap();
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
+fn one_per_minute() -> Policy {
+    Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap()))
+}
+
+#[tokio::test]
+async fn each_decision_is_traced_with_policy_hashed_key_and_outcome() {
+    capture();
+    let app = app(RateLimitLayer::builder()
+        .policy(one_per_minute())
+        .build()
+        .unwrap());
+    assert_eq!(hit(&app).await, StatusCode::OK);
+    assert_eq!(hit(&app).await, StatusCode::TOO_MANY_REQUESTS);
+
+    let out = captured();
+    let decisions: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("rate limit decision"))
+        .collect();
+    assert_eq!(decisions.len(), 2, "{out}");
+    let key = hashed("ip:192.0.2.44");
+    for (line, outcome) in decisions.iter().zip(["allowed", "limited"]) {
+        assert!(line.contains("DEBUG rate_limit{"), "{line}");
+        assert!(line.contains("policy=\"core\""), "{line}");
+        assert!(line.contains(&format!("key=\"{key}\"")), "{line}");
+        assert!(line.contains(&format!("outcome=\"{outcome}\"")), "{line}");
+    }
+    assert!(
+        !out.contains("192.0.2.44"),
+        "raw keys stay out of logs: {out}"
+    );
+}
+
+#[tokio::test]
+async fn store_failures_warn_with_the_hashed_key() {
+    capture();
+    let layer = RateLimitLayer::builder()
+        .policy(one_per_minute())
+        .store(Down)
+        .on_store_failure(FailurePolicy::Open)
+        .build()
+        .unwrap();
+    assert_eq!(hit(&app(layer)).await, StatusCode::OK);
+
+    let out = captured();
+    let warning = out
+        .lines()
+        .find(|l| l.contains("store failed"))
+        .unwrap_or_else(|| panic!("no store warning in {out}"));
+    assert!(warning.contains(" WARN "), "{warning}");
+    // The event's own field (unquoted), not only the span's: a subscriber
+    // at warn level, with the debug span off, still sees it.
+    assert!(
+        warning.contains(&format!(" key={}", hashed("ip:192.0.2.44"))),
+        "{warning}"
+    );
+    assert!(warning.contains("kind=\"unavailable\""), "{warning}");
+    assert!(!out.contains("192.0.2.44"), "{out}");
+}
