@@ -13,6 +13,15 @@
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
 //!   `If-None-Match` matches.
+//! - `GET /uniform/tigerfeeding`: a uniform gate, one call per caller per
+//!   `ZOO_UNIFORM_SPAN_SECS` (10).
+//! - `GET /sliding-log/tigerfeeding`: an exact sliding log selling
+//!   `ZOO_LOG_RESOURCE_LIMIT` (100) per `ZOO_LOG_WINDOW_SECS` (10) to everyone
+//!   and `ZOO_LOG_CONSUMER_LIMIT` (3) to each caller.
+//! - `GET /sliding-window/tigerfeeding`: Cloudflare's sliding-window counter,
+//!   `ZOO_SLIDING_LIMIT` (5) per `ZOO_SLIDING_WINDOW_SECS` (10).
+//! - `GET /gcra/tigerfeeding`: GCRA, `ZOO_GCRA_LIMIT` (5) per
+//!   `ZOO_GCRA_PERIOD_SECS` (10), up to `ZOO_GCRA_BURST` (3) at once.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -28,6 +37,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
+#[path = "zoo_parts/instant.rs"]
+mod instant;
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
     RedisStore, Store,
@@ -41,6 +52,7 @@ struct Settings {
     redis_url: Option<String>,
     quota: Quota,
     trusted_proxies: Option<String>,
+    instant: instant::InstantSettings,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -68,6 +80,7 @@ impl Settings {
             trusted_proxies: std::env::var("ZOO_TRUSTED_PROXIES")
                 .ok()
                 .filter(|s| !s.trim().is_empty()),
+            instant: instant::InstantSettings::from_env()?,
         })
     }
 
@@ -172,11 +185,14 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .build()
         .map_err(|e| e.to_string())?;
 
-    let zoo = Zoo {
-        limits: vec![tiger_limit.clone()],
-    };
+    let instant = instant::routes(&settings.instant, store.clone(), key.clone())?;
+
+    let mut limits = vec![tiger_limit.clone()];
+    limits.extend(instant.limits);
+    let zoo = Zoo { limits };
     Ok(Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
+        .merge(instant.router)
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
         .with_state(zoo))
@@ -222,6 +238,9 @@ async fn main() -> ExitCode {
         settings.quota.limit(),
         settings.quota.window()
     );
+    for line in settings.instant.describe() {
+        println!("  {line}");
+    }
     let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
