@@ -645,7 +645,7 @@ pub mod fixed_window {
 #[macro_export]
 macro_rules! conformance_suite {
     ($factory:path) => {
-        $crate::conformance_suite!(@module fixed_window $factory;
+        $crate::conformance_suite!(@cases $factory; fixed_window;
             window_opens_counts_down_and_rejects,
             reset_at_is_stored_not_recomputed,
             window_rolls_over_at_its_stored_end,
@@ -657,13 +657,13 @@ macro_rules! conformance_suite {
             several_quotas_are_all_or_nothing,
             count_above_a_lowered_limit_keeps_rejecting,
         );
-        $crate::conformance_suite!(@module uniform_gate $factory;
+        $crate::conformance_suite!(@cases $factory; uniform_gate;
             one_call_per_caller_per_span,
             uniform_gate_is_not_open_a_second_early_like_ttl_checks,
             cost_closes_for_that_many_spans_and_peek_charges_nothing,
             refund_reopens_only_for_its_own_pass,
         );
-        $crate::conformance_suite!(@module sliding_log $factory;
+        $crate::conformance_suite!(@cases $factory; sliding_log;
             resource_and_consumer_limits_both_apply_and_say_which_rejected,
             the_window_slides_to_the_microsecond,
             sliding_log_members_do_not_collide_on_equal_microseconds,
@@ -671,14 +671,14 @@ macro_rules! conformance_suite {
             cost_counts_units_and_cost_above_the_limit_is_rejected,
             peek_and_refund_touch_only_their_own_entries,
         );
-        $crate::conformance_suite!(@module sliding_window $factory;
+        $crate::conformance_suite!(@cases $factory; sliding_window;
             the_previous_window_weighs_by_its_overlap,
             peek_and_cost,
             several_quotas_are_all_or_nothing,
             refund_goes_back_to_the_charged_window,
             count_above_a_lowered_limit_keeps_rejecting,
         );
-        $crate::conformance_suite!(@module gcra $factory;
+        $crate::conformance_suite!(@cases $factory; gcra;
             a_full_bucket_passes_its_burst_then_one_per_interval,
             cost_and_peek,
             refund_moves_tat_back_but_never_before_its_charge,
@@ -686,12 +686,12 @@ macro_rules! conformance_suite {
             emission_interval_rounds_up_to_whole_microseconds,
         );
     };
-    (@module $module:ident $factory:path; $($case:ident),* $(,)?) => {
-        mod $module {
+    (@cases $factory:path; $strategy:ident; $($case:ident),* $(,)?) => {
+        mod $strategy {
             $(
                 #[tokio::test]
                 async fn $case() {
-                    $crate::support::conformance::$module::$case($factory().await).await;
+                    $crate::support::conformance::$strategy::$case($factory().await).await;
                 }
             )*
         }
