@@ -15,7 +15,7 @@ use axum::Router;
 use redis::Commands;
 use support::redis::{shared_url, unique_prefix, RedisServer};
 use tollgate::{
-    FailurePolicy, Key, Policy, Quota, RateLimitLayer, RedisStore, Store, StoreErrorKind,
+    FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store, StoreErrorKind,
 };
 use tower::ServiceExt;
 
@@ -358,6 +358,27 @@ async fn sliding_log_scores_do_not_concatenate_seconds_and_micros() {
         let score: Option<f64> = conn.zscore(key, "1700000000005000:42:0").unwrap();
         assert_eq!(score, Some(1_700_000_000_005_000.0), "{key}");
         let _: () = conn.del(key).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_receipt_without_stamps_is_never_a_panic() {
+    // Receipt::new is public: a refund may carry anything.
+    let memory = tollgate::MemoryStore::new();
+    let redis = store_on(&shared_url(), &unique_prefix("stampless")).await;
+    for (policy, _) in strategies() {
+        let key = Key::new("bob");
+        for store in [&memory as &dyn Store, &redis] {
+            store.check(&policy, &key, 1).await.unwrap();
+            // Ok or a store error, never a panic or a changed decision.
+            let _ = store.refund(&policy, &key, &Receipt::new(1, vec![])).await;
+            let _ = store.refund(&policy, &key, &Receipt::new(2, vec![7])).await;
+        }
+        let (m, r) = (
+            memory.peek(&policy, &key).await.unwrap(),
+            redis.peek(&policy, &key).await.unwrap(),
+        );
+        assert_eq!(m.remaining, r.remaining, "{}", policy.name());
     }
 }
 

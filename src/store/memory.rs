@@ -29,7 +29,8 @@ const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 /// **Memory.** Entries live until one second after their window ends, like the
 /// Redis keys; each shard drops expired entries at most once per second of its
 /// clock, when it is next used. Memory is bounded by the callers active within
-/// a window plus one second.
+/// a window plus one second; a sliding log also keeps one entry per unit spent
+/// in its window (at most its limit).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -261,9 +262,10 @@ impl MemoryStore {
                 }
             }
             Strategy::UniformGate => {
-                if let Some(State::Gate(at)) = shard.get(&keys[0], now) {
+                let stamp = receipt.stamps().first();
+                if let (Some(State::Gate(at)), Some(&stamp)) = (shard.get(&keys[0], now), stamp) {
                     let mut gate = Some(*at);
-                    uniform_gate::refund(&mut gate, receipt.stamps()[0]);
+                    uniform_gate::refund(&mut gate, stamp);
                     if gate.is_none() {
                         shard.remove(&keys[0]);
                     }
@@ -290,9 +292,10 @@ impl MemoryStore {
                 }
             }
             Strategy::Gcra { .. } => {
-                if let Some(State::Tat(at)) = shard.get_mut(&keys[0], now) {
+                let stamp = receipt.stamps().first();
+                if let (Some(State::Tat(at)), Some(&stamp)) = (shard.get_mut(&keys[0], now), stamp)
+                {
                     let mut tat = Some(*at);
-                    let stamp = receipt.stamps()[0];
                     gcra::refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
                     *at = tat.unwrap_or(*at);
                 }
