@@ -193,7 +193,9 @@ fn hourly(n: u32) -> Quota {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn uniform_gate_admits_exactly_one_per_span() {
+async fn uniform_gate_checks_and_sets_in_one_step_so_racers_get_one_pass() {
+    // Regression: published gates check (TTL) and then set in two round
+    // trips, so racing requests all see an open gate.
     let gate = Policy::uniform_gate("gate", std::time::Duration::from_secs(3600)).unwrap();
     admits_exactly(gate, 1).await;
 }
