@@ -22,6 +22,15 @@
 //!   `ZOO_SLIDING_LIMIT` (5) per `ZOO_SLIDING_WINDOW_SECS` (10).
 //! - `GET /gcra/tigerfeeding`: GCRA, `ZOO_GCRA_LIMIT` (5) per
 //!   `ZOO_GCRA_PERIOD_SECS` (10), up to `ZOO_GCRA_BURST` (3) at once.
+//! - `GET /leaky/tigerfeeding`: a leaky bucket shaping to `ZOO_LEAKY_LIMIT`
+//!   (2) per `ZOO_LEAKY_WINDOW_SECS` (1), holding `ZOO_LEAKY_CAPACITY` (5).
+//! - `GET /concurrency/tigerfeeding`: at most `ZOO_CONCURRENCY_LIMIT` (2) in
+//!   flight per caller, each taking `ZOO_CONCURRENCY_HOLD_MS` (2000), slots
+//!   of crashed servers freed after `ZOO_CONCURRENCY_TIMEOUT_SECS` (60).
+//! - `GET|POST /queue/tigerfeeding`: queued (202) into a work queue of
+//!   `ZOO_QUEUE_CAPACITY` (10) drained at `ZOO_QUEUE_RATE` (1) per second; a
+//!   Redis Stream (or List: `ZOO_QUEUE_KIND=list`) when `REDIS_URL` is set,
+//!   drained by `cargo run --example queue_processor`, else in memory.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -37,8 +46,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
+#[path = "zoo_parts/holding.rs"]
+mod holding;
 #[path = "zoo_parts/instant.rs"]
 mod instant;
+
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
     RedisStore, Store,
@@ -53,6 +65,7 @@ struct Settings {
     quota: Quota,
     trusted_proxies: Option<String>,
     instant: instant::InstantSettings,
+    holding: holding::HoldingSettings,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -81,6 +94,7 @@ impl Settings {
                 .ok()
                 .filter(|s| !s.trim().is_empty()),
             instant: instant::InstantSettings::from_env()?,
+            holding: holding::HoldingSettings::from_env()?,
         })
     }
 
@@ -186,13 +200,22 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .map_err(|e| e.to_string())?;
 
     let instant = instant::routes(&settings.instant, store.clone(), key.clone())?;
+    let holding = holding::routes(
+        &settings.holding,
+        store.clone(),
+        key.clone(),
+        settings.redis_url.as_deref(),
+    )
+    .await?;
 
     let mut limits = vec![tiger_limit.clone()];
     limits.extend(instant.limits);
+    limits.extend(holding.limits);
     let zoo = Zoo { limits };
     Ok(Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
         .merge(instant.router)
+        .merge(holding.router)
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
         .with_state(zoo))
@@ -239,6 +262,9 @@ async fn main() -> ExitCode {
         settings.quota.window()
     );
     for line in settings.instant.describe() {
+        println!("  {line}");
+    }
+    for line in settings.holding.describe(settings.redis_url.is_some()) {
         println!("  {line}");
     }
     let served = axum::serve(

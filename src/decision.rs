@@ -35,6 +35,9 @@ pub struct Decision {
     pub now_micros: u64,
     /// How long to wait before retrying; set on rejections.
     pub retry_after: Option<Duration>,
+    /// How long an allowed request waits before it proceeds: its place in a
+    /// leaky bucket's queue. `None` proceeds at once (every other strategy).
+    pub delay: Option<Duration>,
     /// Which of the policy's quotas the numbers describe (0-based).
     pub quota: usize,
     /// Whose budget that quota is: the caller's own, or one shared by every
@@ -55,6 +58,7 @@ impl Decision {
             reset_at_micros,
             now_micros,
             retry_after: None,
+            delay: None,
             quota: 0,
             scope: Scope::Consumer,
             receipt: Receipt::default(),
@@ -77,6 +81,7 @@ impl Decision {
             reset_at_micros,
             now_micros,
             retry_after: Some(Duration::from_micros(retry_after_micros)),
+            delay: None,
             quota: 0,
             scope: Scope::Consumer,
             receipt: Receipt::default(),
@@ -92,6 +97,21 @@ impl Decision {
     /// Says whose budget the reported quota is.
     pub fn scoped(mut self, scope: Scope) -> Self {
         self.scope = scope;
+        self
+    }
+
+    /// Makes an allowed request wait `delay_micros` before it proceeds
+    /// (0: at once).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Decision;
+    /// let d = Decision::allowed(5, 2, 3_000_000, 1_000_000).delayed(250_000);
+    /// assert_eq!(d.delay, Some(Duration::from_millis(250)));
+    /// assert_eq!(Decision::allowed(5, 1, 0, 0).delayed(0).delay, None);
+    /// ```
+    pub fn delayed(mut self, delay_micros: u64) -> Self {
+        self.delay = (delay_micros > 0).then(|| Duration::from_micros(delay_micros));
         self
     }
 

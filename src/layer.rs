@@ -84,6 +84,12 @@ impl RateLimitLayer {
         &self.limiter.policy
     }
 
+    /// How many requests the [local cache](RateLimitLayerBuilder::local_cache)
+    /// answered without the store: the Redis calls it saved.
+    pub fn local_cache_hits(&self) -> u64 {
+        self.limiter.local.cache_hits()
+    }
+
     /// The caller's current state under this layer's policy, without charging:
     /// what GitHub's `GET /rate_limit` shows. On Redis this is one read-only
     /// script call, which replicas may serve.
@@ -195,6 +201,7 @@ pub struct RateLimitLayerBuilder {
     shadow: bool,
     access: Access,
     cooldown: Duration,
+    local: crate::local::LocalDecisions,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -213,6 +220,7 @@ impl Default for RateLimitLayerBuilder {
             shadow: false,
             access: Access::default(),
             cooldown: DEFAULT_COOLDOWN,
+            local: Default::default(),
         }
     }
 }
@@ -488,6 +496,41 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Throttling mode: while more callers are active than the throttle's
+    /// threshold, callers new to the window get `limited_status` (429) with
+    /// `Retry-After`, before any store call; those in a session go on to the
+    /// policy as usual. Keep the throttle's [`SyncTask`](crate::SyncTask)
+    /// running. See [`Throttle`](crate::Throttle).
+    ///
+    /// An option here rather than a layer of its own, so the gate and the
+    /// limit identify a caller once, with one key extractor, and answer in
+    /// one style; the gate itself lives in `throttle/`.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, RateLimitLayer, Throttle};
+    ///
+    /// let throttle = Throttle::builder("sessions").threshold(50_000).build().unwrap();
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(600).unwrap())))
+    ///     .throttle(throttle.clone())
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn throttle(mut self, throttle: crate::throttle::Throttle) -> Self {
+        self.local.set_throttle(throttle);
+        self
+    }
+
+    /// Rejects keys the store has found exhausted in this process until they
+    /// free up, without a store call and with the same response. Off by
+    /// default. See [`LocalCache`](crate::LocalCache) for which strategies
+    /// use it and its sharp edges.
+    pub fn local_cache(mut self, cache: crate::local::LocalCache) -> Self {
+        self.local.set_cache(cache);
+        self
+    }
+
     /// The layer, or why this configuration cannot work.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let policy = self
@@ -513,6 +556,7 @@ impl RateLimitLayerBuilder {
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 metrics: PolicyMetrics::new(&policy),
+                local: self.local.gating(&policy),
                 policy,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),

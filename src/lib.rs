@@ -50,15 +50,19 @@ mod headers;
 mod key;
 mod layer;
 mod limiter;
+mod local;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+pub mod queue;
 mod quota;
+mod release;
 mod response;
 mod service;
 mod store;
 mod strategy;
+mod throttle;
 
 pub use access::ClientIp;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -74,10 +78,12 @@ pub use layer::{
     PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_COOLDOWN, DEFAULT_DEADLINE,
 };
 pub use limiter::StoreUnavailable;
+pub use local::LocalCache;
 pub use quota::{Policy, Quota};
 pub use service::RateLimit;
 pub use store::{BoxFuture, MemoryStore, RedisStore, RedisStoreBuilder, Store};
 pub use strategy::Strategy;
+pub use throttle::{SyncReport, SyncTask, Throttle, ThrottleBuilder, ThrottleStats};
 
 /// The README's examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]

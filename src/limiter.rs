@@ -19,6 +19,7 @@ use crate::headers::RateLimitHeaders;
 use crate::key::{Key, KeyExtractor};
 use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
 use crate::quota::Policy;
+use crate::release::ReleaseGuard;
 use crate::response;
 use crate::store::Store;
 
@@ -62,6 +63,8 @@ pub(crate) struct Limiter {
     pub(crate) cooldown: Duration,
     /// Until when (ns since [`EPOCH`]) the main store is skipped after a failure.
     pub(crate) skip_store_until: AtomicU64,
+    /// Throttling mode and the local decision cache (high-volume mode).
+    pub(crate) local: crate::local::LocalDecisions,
 }
 
 /// A process-wide monotonic origin for the breaker's timestamps.
@@ -87,6 +90,11 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
+    /// How long the request waits for its turn (a leaky bucket's queue).
+    pub(crate) fn delay(&self) -> Option<Duration> {
+        self.decision.as_ref().and_then(|d| d.delay)
+    }
+
     /// Through without a decision: nothing to settle, no headers.
     fn bare(degraded: Option<StoreErrorKind>) -> Self {
         Pass {
@@ -149,6 +157,9 @@ impl Limiter {
             span.record("key", key.hashed());
         }
         let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+        if let Some((response, outcome)) = self.local.before_store(self, &key, cost) {
+            return (Verdict::Respond(response), outcome);
+        }
 
         let (decision, decider, degraded) = match self.ask_main(&key, cost).await {
             Ok(decision) => (decision, Decider::Main, None),
@@ -183,6 +194,9 @@ impl Limiter {
             }
         };
 
+        if decider == Decider::Main && !self.shadow {
+            self.local.after_store(&self.policy, &key, cost, &decision);
+        }
         span.record("remaining", decision.remaining);
         let outcome = match (decision.allowed, decider) {
             (true, Decider::Main) => Outcome::Allowed,
@@ -204,6 +218,11 @@ impl Limiter {
         parts.extensions.insert(decision.clone());
         let mut decision = decision;
         decision.retry_after = None;
+        if self.shadow {
+            // Shadow mode never changes traffic: a leaky bucket's wait is
+            // recorded (the extension shows it) but not served.
+            decision.delay = None;
+        }
         let pass = Pass {
             key: Some(key),
             decision: Some(decision),
@@ -228,14 +247,17 @@ impl Limiter {
         let (Some(key), Some(mut decision)) = (key, decision) else {
             return;
         };
-        if (self.refund_when)(status) && !decision.receipt.is_empty() {
-            let store: &dyn Store = match (decider, &self.failure) {
-                (Decider::Fallback, FailurePolicy::Local(local)) => &**local,
-                _ => &*self.store,
-            };
+        // A held slot (concurrency) is given back when the body ends, by its
+        // release guard, whatever the status. Releasing here as well would be
+        // harmless (releases are by id) but a second round trip, and would
+        // free the slot before the response is sent.
+        let held = self.policy.strategy().holds_until_response_ends();
+        if (self.refund_when)(status) && !decision.receipt.is_empty() && !held {
+            let store = self.store_for(decider);
             let refund = store.refund(&self.policy, &key, &decision.receipt);
             match tokio::time::timeout(self.deadline, refund).await {
                 Ok(Ok(())) => {
+                    self.local.refunded(&key);
                     let cost = decision.receipt.cost();
                     decision = decision.refunded(cost);
                 }
@@ -250,6 +272,36 @@ impl Limiter {
             }
         }
         self.headers.apply(headers, &self.policy, &decision);
+    }
+
+    /// A guard that gives `pass`'s charge back, without blocking, if it is
+    /// dropped while armed: for a leaky bucket's pass while it waits its turn
+    /// (the client may leave), for a concurrency slot until the response body
+    /// ends. `None` when there is nothing to give back.
+    pub(crate) fn release_guard(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
+        let (Some(key), Some(decision)) = (&pass.key, &pass.decision) else {
+            return None;
+        };
+        let gives_back =
+            decision.delay.is_some() || self.policy.strategy().holds_until_response_ends();
+        if decision.receipt.is_empty() || !gives_back {
+            return None;
+        }
+        let store = self.store_for(pass.decider);
+        Some(ReleaseGuard::new(
+            self.clone(),
+            store,
+            key.clone(),
+            decision.receipt.clone(),
+        ))
+    }
+
+    /// The store that decided: refunds and releases go back to it.
+    fn store_for(&self, decider: Decider) -> Arc<dyn Store> {
+        match (decider, &self.failure) {
+            (Decider::Fallback, FailurePolicy::Local(local)) => local.clone(),
+            _ => self.store.clone(),
+        }
     }
 
     /// The caller's current state, without charging.

@@ -14,7 +14,7 @@
 //! | [`tollgate_store_errors_total`](STORE_ERRORS) | counter | `policy`, `kind` | store calls (checks and refunds) that failed or missed the deadline; `kind` is `timeout`, `unavailable`, `protocol` or `rejected` |
 //! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on the main store per decision, failures and timeouts included |
 //! | [`tollgate_local_cache_hits_total`](LOCAL_CACHE_HITS) | counter | `policy` | decisions answered from the in-process cache without a store call |
-//! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | estimate of distinct callers recently seen |
+//! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
 //!
 //! `outcome` is one of:
 //!
@@ -29,6 +29,7 @@
 //! | `fallback` | passed: the store failed and the local fallback said yes | same |
 //! | `allow_listed` | passed without asking the store | same |
 //! | `deny_listed` | rejected without asking the store | same: deny lists are enforced |
+//! | `throttled` | rejected (429) without asking the store: a new caller while [throttling](crate::Throttle) | passes on to the limit; see `Throttle::stats().refused` |
 //!
 //! Labels are bounded: `policy` is a policy's name, never a caller's key.
 //! Handles are cached per layer, so counting a request allocates nothing.
@@ -178,11 +179,12 @@ pub(crate) enum Outcome {
     Fallback,
     AllowListed,
     DenyListed,
+    Throttled,
 }
 
 impl Outcome {
     #[cfg(feature = "metrics")]
-    const ALL: [Outcome; 9] = [
+    const ALL: [Outcome; 10] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ShadowLimited,
@@ -192,6 +194,7 @@ impl Outcome {
         Outcome::Fallback,
         Outcome::AllowListed,
         Outcome::DenyListed,
+        Outcome::Throttled,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -205,6 +208,7 @@ impl Outcome {
             Outcome::Fallback => "fallback",
             Outcome::AllowListed => "allow_listed",
             Outcome::DenyListed => "deny_listed",
+            Outcome::Throttled => "throttled",
         }
     }
 }
@@ -328,7 +332,6 @@ impl Stopwatch {
 
 /// Counts a decision answered from the in-process cache, without a store call.
 /// For code paths without the layer's cached handles at hand.
-#[allow(dead_code)] // called by the local cache, landing on another branch
 #[inline]
 pub(crate) fn local_cache_hit(policy: &Policy) {
     #[cfg(feature = "metrics")]
@@ -338,7 +341,6 @@ pub(crate) fn local_cache_hit(policy: &Policy) {
 }
 
 /// Sets the estimate of distinct callers recently seen under `policy`.
-#[allow(dead_code)] // called by the caller-count estimate, landing on another branch
 #[inline]
 pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
     #[cfg(feature = "metrics")]

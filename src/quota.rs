@@ -201,6 +201,48 @@ impl Policy {
         Self::new(name, Strategy::Gcra { burst }, rate)
     }
 
+    /// A leaky bucket that shapes traffic to `rate` (`rate.limit()` per
+    /// `rate.window()`, evenly spaced) and holds at most `capacity` requests:
+    /// a request that fits waits for its turn, one that does not gets a 429.
+    /// See [`Strategy::LeakyBucket`].
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, Strategy};
+    ///
+    /// // 10 per second, one every 100 ms; at most 20 waiting (2 s of queue).
+    /// let rate = Quota::per_second(NonZeroU32::new(10).unwrap());
+    /// let policy = Policy::leaky_bucket("feeding", rate, NonZeroU32::new(20).unwrap());
+    /// assert!(matches!(policy.strategy(), Strategy::LeakyBucket { .. }));
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn leaky_bucket(name: impl Into<Arc<str>>, rate: Quota, capacity: NonZeroU32) -> Self {
+        Self::new(name, Strategy::LeakyBucket { capacity }, rate)
+    }
+
+    /// At most `limit` requests of a key in flight at once (Stripe's
+    /// concurrent-request limiter). An app server that crashes holding slots
+    /// gets them back after `timeout`, which must be longer than your slowest
+    /// response. See [`Strategy::Concurrency`].
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::Policy;
+    ///
+    /// let policy = Policy::concurrency("uploads", NonZeroU32::new(3).unwrap(), Duration::from_secs(60))
+    ///     .unwrap();
+    /// assert_eq!(policy.quotas()[0].limit(), 3);
+    /// assert!(Policy::concurrency("uploads", NonZeroU32::new(3).unwrap(), Duration::ZERO).is_err());
+    /// ```
+    pub fn concurrency(
+        name: impl Into<Arc<str>>,
+        limit: NonZeroU32,
+        timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        let slots = Quota::with_window(limit, timeout)?;
+        Ok(Self::new(name, Strategy::Concurrency, slots))
+    }
+
     /// Adds another quota that every request must also fit.
     pub fn and(mut self, quota: Quota) -> Self {
         let mut quotas = self.quotas.to_vec();

@@ -10,6 +10,7 @@ use tower_service::Service;
 
 use crate::future::ResponseFuture;
 use crate::limiter::{Limiter, Verdict};
+use crate::release::{ReleaseBody, ReleaseGuard};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -84,10 +85,22 @@ where
                 Verdict::Pass(pass) => pass,
                 Verdict::Respond(response) => return Ok(response),
             };
+            // Dropping this future from here on (the client left) drops the
+            // guard, which gives the charge back without blocking.
+            let guard = limiter.release_guard(&pass);
+            if let Some(delay) = pass.delay() {
+                // A leaky bucket's turn: wait without blocking the runtime.
+                tokio::time::sleep(delay).await;
+            }
+            let guard = guard.and_then(ReleaseGuard::keep_if_held);
             let response = inner.call(Request::from_parts(parts, body)).await?;
             let (mut head, body) = response.into_parts();
             limiter.settle(pass, head.status, &mut head.headers).await;
-            Ok(Response::from_parts(head, Body::new(body)))
+            let body = match guard {
+                Some(guard) => Body::new(ReleaseBody::new(body, guard)),
+                None => Body::new(body),
+            };
+            Ok(Response::from_parts(head, body))
         })
     }
 }

@@ -50,6 +50,12 @@ impl KeySpace {
         format!("{}:{{{}|{}}}", self.prefix, policy.name(), key.as_str())
     }
 
+    /// `{prefix}:{~throttle|name}`: the tag of a throttle's filters. `~`
+    /// cannot occur in policy names, so no policy's tag can equal it.
+    pub(crate) fn throttle_tag(&self, name: &str) -> String {
+        format!("{}:{{~throttle|{name}}}", self.prefix)
+    }
+
     /// One key per quota, named by strategy so that changing a policy's
     /// strategy never reads another algorithm's state.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {

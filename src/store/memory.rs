@@ -10,10 +10,11 @@ use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Policy;
+use crate::strategy::concurrency::{self, InFlight};
 use crate::strategy::fixed_window::{self, Window, EXPIRY_GRACE_MICROS};
 use crate::strategy::sliding_log::{self, Log};
 use crate::strategy::sliding_window::{self, Counter};
-use crate::strategy::{gcra, uniform_gate, Strategy};
+use crate::strategy::{gcra, leaky_bucket, uniform_gate, Strategy};
 
 const SHARDS: usize = 64;
 /// How often a shard drops expired entries, in µs of its clock.
@@ -26,11 +27,16 @@ const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 /// `MemoryStore` each allow twice the limit between them. Use
 /// [`RedisStore`](crate::RedisStore) to share limits.
 ///
-/// **Memory.** Entries live until one second after their window ends, like the
-/// Redis keys; each shard drops expired entries at most once per second of its
-/// clock, when it is next used. Memory is bounded by the callers active within
-/// a window plus one second; a sliding log also keeps one entry per unit spent
-/// in its window (at most its limit).
+/// **Memory.** Entries expire like the Redis keys: a fixed window one second
+/// after it ends, a leaky bucket one second after it empties, a concurrency
+/// set one timeout after its last admission (and it never holds more than
+/// `limit` slots), a uniform gate one second after it reopens, a GCRA bucket
+/// one second after it is full again, a sliding-window counter one second
+/// after the end of the window after its current one, and a sliding log one
+/// second after its newest entry leaves the window (it never holds more than
+/// its limit, one entry per unit). Each shard drops expired entries at most
+/// once per second of its clock, when it is next used. Memory is bounded by
+/// the callers active within that time.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -84,6 +90,9 @@ pub(crate) enum State {
     Counter(Counter),
     /// A GCRA bucket's theoretical arrival time, µs.
     Tat(u64),
+    /// A leaky bucket's `next_free`, µs.
+    Leaky(u64),
+    InFlight(InFlight),
 }
 
 impl Default for MemoryStore {
@@ -238,6 +247,35 @@ impl MemoryStore {
                 }
                 decision
             }
+            Strategy::LeakyBucket { capacity } => {
+                let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
+                let mut next_free = match shard.get(&keys[0], now) {
+                    Some(State::Leaky(t)) => Some(*t),
+                    _ => None,
+                };
+                let capacity = u64::from(capacity.get());
+                let d = leaky_bucket::check(&mut next_free, capacity, interval, now, cost);
+                if let (true, Some(t)) = (d.allowed && cost > 0, next_free) {
+                    let expires = t + leaky_bucket::EXPIRY_GRACE_MICROS;
+                    shard.put(&keys[0], State::Leaky(t), expires);
+                }
+                d
+            }
+            Strategy::Concurrency => {
+                let quota = policy.quotas()[0];
+                let (limit, timeout) = (u64::from(quota.limit()), quota.window_micros());
+                let mut set = match shard.get(&keys[0], now) {
+                    Some(State::InFlight(set)) => set.clone(),
+                    _ => InFlight::default(),
+                };
+                let id = concurrency::new_id();
+                let d = concurrency::check(&mut set, limit, timeout, now, cost, id);
+                if d.allowed && cost > 0 {
+                    let expires = now + concurrency::expiry_micros(timeout);
+                    shard.put(&keys[0], State::InFlight(set), expires);
+                }
+                d
+            }
         });
         let scope = policy.strategy().scope_of(decision.quota);
         decision.scoped(scope)
@@ -298,6 +336,21 @@ impl MemoryStore {
                     let mut tat = Some(*at);
                     gcra::refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
                     *at = tat.unwrap_or(*at);
+                }
+            }
+            Strategy::LeakyBucket { .. } => {
+                let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
+                if let Some(State::Leaky(t)) = shard.get_mut(&keys[0], now) {
+                    let mut next_free = Some(*t);
+                    let stamp = receipt.stamps().first().copied().unwrap_or(0);
+                    leaky_bucket::refund(&mut next_free, stamp, receipt.cost(), interval, now);
+                    *t = next_free.unwrap_or(*t);
+                }
+            }
+            Strategy::Concurrency => {
+                if let Some(State::InFlight(set)) = shard.get_mut(&keys[0], now) {
+                    let id = receipt.stamps().first().copied().unwrap_or(0);
+                    concurrency::release(set, id);
                 }
             }
         })

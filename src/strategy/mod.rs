@@ -4,8 +4,10 @@
 //! under a lock, and as a Lua script in `lua/`, run atomically by Redis. The
 //! conformance suite in `tests/` proves the two decide alike.
 
+pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub(crate) mod leaky_bucket;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod uniform_gate;
@@ -24,12 +26,16 @@ pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
 /// Each variant documents what `X-RateLimit-Remaining` and `-Reset` mean for
 /// it, and what it costs in Redis. The constructors on
 /// [`Policy`](crate::Policy) (`fixed_window`, `uniform_gate`, `sliding_log`,
-/// `sliding_window`, `gcra`) are the usual way to pick one.
+/// `sliding_window`, `gcra`, `leaky_bucket`, `concurrency`) are the usual way
+/// to pick one.
 ///
 /// ```
 /// use std::num::NonZeroU32;
 /// use tollgate::Strategy;
 /// assert_eq!(Strategy::FixedWindow.as_str(), "fixed_window");
+/// let capacity = NonZeroU32::new(10).unwrap();
+/// assert_eq!(Strategy::LeakyBucket { capacity }.as_str(), "leaky_bucket");
+/// assert_eq!(Strategy::Concurrency.as_str(), "concurrency");
 /// assert_eq!(Strategy::Gcra { burst: NonZeroU32::new(5).unwrap() }.as_str(), "gcra");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -74,6 +80,52 @@ pub enum Strategy {
         /// `max_burst + 1`), and `X-RateLimit-Limit`.
         burst: NonZeroU32,
     },
+    /// A leaky bucket that shapes traffic: requests leave at the quota's
+    /// rate (one every `window / limit`, rounded up to the microsecond, so
+    /// never faster), across all app servers. A request that finds the
+    /// bucket holding `capacity` requests is rejected; any other waits for
+    /// its turn (the layer sleeps without blocking the runtime) and then
+    /// proceeds. A burst of `capacity` is accepted, spaced out by the rate.
+    /// The longest wait is `capacity - 1` intervals: keep your server's and
+    /// clients' request timeouts above it.
+    ///
+    /// `Limit` is `capacity`, `Remaining` the free places in the bucket,
+    /// `Used` the places taken (requests waiting or leaving), `Reset` when the
+    /// bucket will be empty. A rejection's `Retry-After` is when one more
+    /// request fits. The decision's [`delay`](crate::Decision::delay) is the
+    /// wait.
+    ///
+    /// Costs one `EVALSHA` (`GET`, and for a pass `SET .. PX`), one more to
+    /// give a place back, and one string per key (the time the bucket
+    /// empties, µs; about 100 bytes), expiring a second after the bucket
+    /// empties. Build with
+    /// [`Policy::leaky_bucket`](crate::Policy::leaky_bucket).
+    LeakyBucket {
+        /// How many requests the bucket holds: the longest wait is
+        /// `capacity - 1` intervals.
+        capacity: NonZeroU32,
+    },
+    /// Stripe's concurrent-request limiter: at most `limit` requests of a
+    /// key in flight at once, across all app servers. The quota's window is
+    /// the timeout after which an entry of a crashed app server stops
+    /// counting; it must be longer than your slowest response. A slot is
+    /// released when the response body ends or is dropped, when the request
+    /// is cancelled, or after the timeout.
+    ///
+    /// `Limit` is the number of slots, `Remaining` the free slots, `Used`
+    /// the requests in flight, `Reset` the time by which every slot held now
+    /// is certain to be free (the newest in-flight request's start plus the
+    /// timeout; now when none is in flight). Slots free when responses end,
+    /// which no store can foresee, so a rejection's `Retry-After` is a hint:
+    /// one second, or sooner if the oldest entry times out sooner.
+    ///
+    /// Costs one `EVALSHA` per request (`ZREMRANGEBYSCORE`, `ZCOUNT`, two
+    /// `ZRANGEBYSCORE`, and for a pass `ZADD` + `PEXPIRE`) and one for the
+    /// release (`ZREM`); one sorted set per key holding at most `limit`
+    /// members (about 150 bytes for one, 30 more per slot up to 128 slots,
+    /// about 120 per slot beyond), expiring one timeout after the last
+    /// admission. Build with [`Policy::concurrency`](crate::Policy::concurrency).
+    Concurrency,
 }
 
 impl Strategy {
@@ -85,6 +137,8 @@ impl Strategy {
             Strategy::SlidingLog => "sliding_log",
             Strategy::SlidingWindow => "sliding_window",
             Strategy::Gcra { .. } => "gcra",
+            Strategy::LeakyBucket { .. } => "leaky_bucket",
+            Strategy::Concurrency => "concurrency",
         }
     }
 
@@ -96,6 +150,7 @@ impl Strategy {
             Strategy::SlidingLog => 2,
             Strategy::SlidingWindow => 8,
             Strategy::Gcra { .. } => 1,
+            Strategy::LeakyBucket { .. } | Strategy::Concurrency => 1,
         }
     }
 
@@ -113,12 +168,55 @@ impl Strategy {
         matches!(self, Strategy::SlidingLog)
     }
 
+    /// Whether a rejection stays true until its `retry_after` for requests
+    /// costing at least as much, whatever else happens to the key (refunds
+    /// aside), so the layer's local cache may repeat it without the store.
+    /// Fixed window: nothing is spent back before reset. Leaky bucket: the
+    /// level only drains at the rate, and only other requests raise it.
+    /// Concurrency: no, a slot frees whenever a response ends. Uniform gate:
+    /// only time reopens it. Sliding log, sliding window, GCRA: entries leave,
+    /// the previous window decays and the bucket refills only with time, and
+    /// other requests only add to them, so the first moment the request fits
+    /// can only move later.
+    pub(crate) fn rejection_is_stable(&self) -> bool {
+        match self {
+            Strategy::FixedWindow | Strategy::LeakyBucket { .. } => true,
+            Strategy::UniformGate | Strategy::SlidingLog => true,
+            Strategy::SlidingWindow | Strategy::Gcra { .. } => true,
+            Strategy::Concurrency => false,
+        }
+    }
+
+    /// Whether a pass with nothing left means every request is rejected
+    /// until `reset_at`. Fixed window: yes. Uniform gate: yes, it reopens at
+    /// `reset_at`. Leaky bucket: no, a place frees one interval later, long
+    /// before the bucket is empty. Concurrency: no. Sliding log, sliding
+    /// window, GCRA: no, `reset_at` is when the limit is whole again, but one
+    /// unit frees earlier (the oldest entry leaves, the previous window
+    /// decays, one emission interval passes).
+    pub(crate) fn exhaustion_is_stable(&self) -> bool {
+        match self {
+            Strategy::FixedWindow | Strategy::UniformGate => true,
+            Strategy::LeakyBucket { .. } | Strategy::Concurrency => false,
+            Strategy::SlidingLog | Strategy::SlidingWindow | Strategy::Gcra { .. } => false,
+        }
+    }
+
+    /// Whether a pass holds its charge until the response ends (and gives it
+    /// back then), rather than spending it.
+    pub(crate) fn holds_until_response_ends(&self) -> bool {
+        matches!(self, Strategy::Concurrency)
+    }
+
     pub(crate) fn validate(&self, quotas: &[Quota]) -> Result<(), ConfigError> {
         match self {
-            Strategy::FixedWindow | Strategy::SlidingWindow => Ok(()),
+            Strategy::FixedWindow | Strategy::SlidingWindow | Strategy::Concurrency => Ok(()),
             Strategy::UniformGate => uniform_gate::validate(quotas),
             Strategy::SlidingLog => sliding_log::validate(quotas),
             Strategy::Gcra { burst } => gcra::validate(quotas, *burst),
+            Strategy::LeakyBucket { capacity } => quotas
+                .iter()
+                .try_for_each(|q| leaky_bucket::validate(q, *capacity)),
         }
     }
 }

@@ -49,13 +49,19 @@ pub enum Op {
 pub enum Expect {
     /// Allowed, with `remaining` left and the window ending at `reset_ms`.
     Pass { remaining: u64, reset_ms: u64 },
+    /// Allowed after waiting `delay_ms` for its turn (a leaky bucket's queue).
+    Wait {
+        remaining: u64,
+        reset_ms: u64,
+        delay_ms: u64,
+    },
     /// Rejected, retry after `retry_ms`, the window ending at `reset_ms`.
     Limited { reset_ms: u64, retry_ms: u64 },
     /// No decision to check (refunds).
     Done,
 }
 
-pub use Expect::{Done, Limited, Pass};
+pub use Expect::{Done, Limited, Pass, Wait};
 pub use Op::{Check, Peek, Refund};
 
 /// [`Expect::Pass`] in one short line: `remaining` left, reset at `reset_ms`.
@@ -123,6 +129,26 @@ pub async fn run(backend: &Backend, policy: &Policy, steps: &[Step]) -> Vec<Opti
                 assert_eq!(d.used, d.limit - remaining, "{here}: used");
                 assert_eq!(d.reset_at_micros, T0 + reset_ms * 1000, "{here}: reset-at");
                 assert_eq!(d.retry_after, None, "{here}: retry-after");
+                assert_eq!(d.delay, None, "{here}: delay");
+            }
+            (
+                Expect::Wait {
+                    remaining,
+                    reset_ms,
+                    delay_ms,
+                },
+                Some(d),
+            ) => {
+                assert!(d.allowed, "{here}: expected a pass, got {d:?}");
+                assert_eq!(d.remaining, remaining, "{here}: remaining");
+                assert_eq!(d.used, d.limit - remaining, "{here}: used");
+                assert_eq!(d.reset_at_micros, T0 + reset_ms * 1000, "{here}: reset-at");
+                assert_eq!(d.retry_after, None, "{here}: retry-after");
+                assert_eq!(
+                    d.delay,
+                    Some(Duration::from_millis(delay_ms)),
+                    "{here}: delay"
+                );
             }
             (Expect::Limited { reset_ms, retry_ms }, Some(d)) => {
                 assert!(!d.allowed, "{here}: expected a rejection, got {d:?}");
@@ -639,6 +665,801 @@ pub mod fixed_window {
     }
 }
 
+pub mod leaky_bucket {
+    //! Cases for the shaping leaky bucket. With 10 per second the interval is
+    //! 100 ms; `Wait` is a pass that leaves after `delay_ms`, `reset_ms` is
+    //! when the bucket is empty.
+    use super::*;
+    use std::num::NonZeroU32;
+
+    fn policy(capacity: u32) -> Policy {
+        Policy::leaky_bucket("shape", quota(10, 1), NonZeroU32::new(capacity).unwrap())
+    }
+
+    pub async fn a_burst_is_queued_at_the_rate_then_rejected(b: Backend) {
+        run(
+            &b,
+            &policy(3),
+            &[
+                (
+                    0,
+                    Check("bob", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("bob", 1),
+                    Wait {
+                        remaining: 1,
+                        reset_ms: 200,
+                        delay_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("bob", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 300,
+                        delay_ms: 200,
+                    },
+                ),
+                (
+                    0,
+                    Check("bob", 1),
+                    Limited {
+                        reset_ms: 300,
+                        retry_ms: 100,
+                    },
+                ),
+                (
+                    50,
+                    Check("bob", 1),
+                    Limited {
+                        reset_ms: 300,
+                        retry_ms: 50,
+                    },
+                ),
+                // Rejections took no place: one has drained, so one more fits.
+                (
+                    100,
+                    Check("bob", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 400,
+                        delay_ms: 200,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn the_bucket_drains_at_the_rate(b: Backend) {
+        run(
+            &b,
+            &policy(3),
+            &[
+                (
+                    0,
+                    Check("carol", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("carol", 1),
+                    Wait {
+                        remaining: 1,
+                        reset_ms: 200,
+                        delay_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("carol", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 300,
+                        delay_ms: 200,
+                    },
+                ),
+                // Half a place still draining counts as taken.
+                (
+                    150,
+                    Peek("carol"),
+                    Wait {
+                        remaining: 1,
+                        reset_ms: 300,
+                        delay_ms: 150,
+                    },
+                ),
+                (
+                    250,
+                    Peek("carol"),
+                    Wait {
+                        remaining: 2,
+                        reset_ms: 300,
+                        delay_ms: 50,
+                    },
+                ),
+                // A stored end that has passed is an empty bucket, expired or not.
+                (
+                    300,
+                    Peek("carol"),
+                    Pass {
+                        remaining: 3,
+                        reset_ms: 300,
+                    },
+                ),
+                (
+                    1_000,
+                    Check("carol", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 1_100,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn cost_takes_as_many_places(b: Backend) {
+        run(
+            &b,
+            &policy(3),
+            &[
+                (
+                    0,
+                    Check("dan", 2),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 200,
+                    },
+                ),
+                (
+                    0,
+                    Check("dan", 2),
+                    Limited {
+                        reset_ms: 200,
+                        retry_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("dan", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 300,
+                        delay_ms: 200,
+                    },
+                ),
+                // More than the bucket holds never fits; Retry-After says by how much.
+                (
+                    1_000,
+                    Check("dan", 4),
+                    Limited {
+                        reset_ms: 1_000,
+                        retry_ms: 100,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn keys_are_independent(b: Backend) {
+        run(
+            &b,
+            &policy(1),
+            &[
+                (
+                    0,
+                    Check("eve", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 100,
+                    },
+                ),
+                (
+                    1,
+                    Check("eve", 1),
+                    Limited {
+                        reset_ms: 100,
+                        retry_ms: 99,
+                    },
+                ),
+                (
+                    2,
+                    Check("fay", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 102,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn refund_of_the_last_place_is_exact(b: Backend) {
+        // A client that leaves while waiting gives its place back.
+        run(
+            &b,
+            &policy(3),
+            &[
+                (
+                    0,
+                    Check("gus", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("gus", 1),
+                    Wait {
+                        remaining: 1,
+                        reset_ms: 200,
+                        delay_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("gus", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 300,
+                        delay_ms: 200,
+                    },
+                ),
+                (10, Refund("gus", 2), Done),
+                (
+                    11,
+                    Check("gus", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 300,
+                        delay_ms: 189,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn refund_from_the_middle_frees_a_place_for_the_next_arrival(b: Backend) {
+        // Places already given keep their times; the freed one goes to the
+        // next arrival, which leaves with the last in line (documented).
+        run(
+            &b,
+            &policy(3),
+            &[
+                (
+                    0,
+                    Check("hal", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("hal", 1),
+                    Wait {
+                        remaining: 1,
+                        reset_ms: 200,
+                        delay_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("hal", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 300,
+                        delay_ms: 200,
+                    },
+                ),
+                (10, Refund("hal", 1), Done),
+                (
+                    11,
+                    Peek("hal"),
+                    Wait {
+                        remaining: 1,
+                        reset_ms: 200,
+                        delay_ms: 189,
+                    },
+                ),
+                (
+                    12,
+                    Check("hal", 1),
+                    Wait {
+                        remaining: 0,
+                        reset_ms: 300,
+                        delay_ms: 188,
+                    },
+                ),
+                (
+                    13,
+                    Check("hal", 1),
+                    Limited {
+                        reset_ms: 300,
+                        retry_ms: 87,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn refund_of_a_used_slot_changes_nothing(b: Backend) {
+        run(
+            &b,
+            &policy(3),
+            &[
+                (
+                    0,
+                    Check("ida", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 100,
+                    },
+                ),
+                (
+                    0,
+                    Check("ida", 1),
+                    Wait {
+                        remaining: 1,
+                        reset_ms: 200,
+                        delay_ms: 100,
+                    },
+                ),
+                // The first slot ended at +100 ms: it was used, nothing to give back.
+                (150, Refund("ida", 0), Done),
+                (
+                    150,
+                    Peek("ida"),
+                    Wait {
+                        remaining: 2,
+                        reset_ms: 200,
+                        delay_ms: 50,
+                    },
+                ),
+                // The second is still running: a 304 may give it back, never below now.
+                (160, Refund("ida", 1), Done),
+                (
+                    160,
+                    Peek("ida"),
+                    Pass {
+                        remaining: 3,
+                        reset_ms: 160,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn a_lowered_capacity_keeps_rejecting(b: Backend) {
+        let burst: Vec<Step> = (0..5)
+            .map(|i| {
+                let expect = if i == 0 {
+                    Pass {
+                        remaining: 4,
+                        reset_ms: 100,
+                    }
+                } else {
+                    Wait {
+                        remaining: 4 - i,
+                        reset_ms: 100 * (i + 1),
+                        delay_ms: 100 * i,
+                    }
+                };
+                (0, Check("jo", 1), expect)
+            })
+            .collect();
+        run(&b, &policy(5), &burst).await;
+        run(
+            &b,
+            &policy(2),
+            &[
+                (
+                    1,
+                    Check("jo", 1),
+                    Limited {
+                        reset_ms: 500,
+                        retry_ms: 399,
+                    },
+                ),
+                (
+                    2,
+                    Peek("jo"),
+                    Limited {
+                        reset_ms: 500,
+                        retry_ms: 298,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+}
+
+pub mod concurrency {
+    //! Cases for the concurrency limit: 2 slots, entries presumed crashed
+    //! after 60 s. `Refund` is the release at the end of a response.
+    use super::*;
+    use std::num::NonZeroU32;
+
+    fn policy(limit: u32) -> Policy {
+        Policy::concurrency(
+            "slots",
+            NonZeroU32::new(limit).unwrap(),
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    }
+
+    pub async fn admits_up_to_the_limit_and_a_release_frees_a_slot(b: Backend) {
+        run(
+            &b,
+            &policy(2),
+            &[
+                (
+                    0,
+                    Check("bob", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_000,
+                    },
+                ),
+                (
+                    1_000,
+                    Check("bob", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 61_000,
+                    },
+                ),
+                // Retry-After is a hint (1 s); Reset is when every slot is surely free.
+                (
+                    2_000,
+                    Check("bob", 1),
+                    Limited {
+                        reset_ms: 61_000,
+                        retry_ms: 1_000,
+                    },
+                ),
+                (3_000, Refund("bob", 0), Done),
+                (
+                    4_000,
+                    Check("bob", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 64_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn entries_of_crashed_servers_time_out(b: Backend) {
+        run(
+            &b,
+            &policy(2),
+            &[
+                (
+                    0,
+                    Check("carol", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("carol", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_001,
+                    },
+                ),
+                // The oldest entry times out in 1 ms: the hint says so.
+                (
+                    59_999,
+                    Check("carol", 1),
+                    Limited {
+                        reset_ms: 60_001,
+                        retry_ms: 1,
+                    },
+                ),
+                (
+                    60_000,
+                    Check("carol", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 120_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn peek_reports_without_taking_a_slot(b: Backend) {
+        run(
+            &b,
+            &policy(2),
+            &[
+                (
+                    0,
+                    Peek("dan"),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 0,
+                    },
+                ),
+                (
+                    5,
+                    Check("dan", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_005,
+                    },
+                ),
+                (
+                    6,
+                    Peek("dan"),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_005,
+                    },
+                ),
+                (
+                    7,
+                    Peek("dan"),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_005,
+                    },
+                ),
+                // A timed-out entry never counts, removed yet or not.
+                (
+                    60_005,
+                    Peek("dan"),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 60_005,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn cost_takes_as_many_slots(b: Backend) {
+        run(
+            &b,
+            &policy(2),
+            &[
+                (
+                    0,
+                    Check("eve", 2),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("eve", 1),
+                    Limited {
+                        reset_ms: 60_000,
+                        retry_ms: 1_000,
+                    },
+                ),
+                (2, Refund("eve", 0), Done),
+                (
+                    3,
+                    Peek("eve"),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 3,
+                    },
+                ),
+                // More than the limit never fits.
+                (
+                    4,
+                    Check("eve", 3),
+                    Limited {
+                        reset_ms: 4,
+                        retry_ms: 1_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn releases_are_idempotent_and_never_free_another_request(b: Backend) {
+        run(
+            &b,
+            &policy(2),
+            &[
+                (
+                    0,
+                    Check("fay", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("fay", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_001,
+                    },
+                ),
+                (2, Refund("fay", 0), Done),
+                (3, Refund("fay", 0), Done),
+                (
+                    4,
+                    Peek("fay"),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_001,
+                    },
+                ),
+                (
+                    5,
+                    Check("fay", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_005,
+                    },
+                ),
+                (6, Refund("fay", 0), Done),
+                (
+                    7,
+                    Check("fay", 1),
+                    Limited {
+                        reset_ms: 60_005,
+                        retry_ms: 1_000,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn keys_are_independent(b: Backend) {
+        run(
+            &b,
+            &policy(1),
+            &[
+                (
+                    0,
+                    Check("gus", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("gus", 1),
+                    Limited {
+                        reset_ms: 60_000,
+                        retry_ms: 1_000,
+                    },
+                ),
+                (
+                    2,
+                    Check("hal", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_002,
+                    },
+                ),
+            ],
+        )
+        .await;
+    }
+
+    pub async fn a_lowered_limit_keeps_rejecting(b: Backend) {
+        let d = run(
+            &b,
+            &policy(3),
+            &[
+                (
+                    0,
+                    Check("ida", 1),
+                    Pass {
+                        remaining: 2,
+                        reset_ms: 60_000,
+                    },
+                ),
+                (
+                    1,
+                    Check("ida", 1),
+                    Pass {
+                        remaining: 1,
+                        reset_ms: 60_001,
+                    },
+                ),
+                (
+                    2,
+                    Check("ida", 1),
+                    Pass {
+                        remaining: 0,
+                        reset_ms: 60_002,
+                    },
+                ),
+            ],
+        )
+        .await;
+        let lowered = policy(2);
+        run(
+            &b,
+            &lowered,
+            &[(
+                3,
+                Check("ida", 1),
+                Limited {
+                    reset_ms: 60_002,
+                    retry_ms: 1_000,
+                },
+            )],
+        )
+        .await;
+        b.store
+            .refund(&lowered, &Key::new("ida"), &d[0].as_ref().unwrap().receipt)
+            .await
+            .unwrap();
+        run(
+            &b,
+            &lowered,
+            &[(
+                4,
+                Check("ida", 1),
+                Limited {
+                    reset_ms: 60_002,
+                    retry_ms: 1_000,
+                },
+            )],
+        )
+        .await;
+        b.store
+            .refund(&lowered, &Key::new("ida"), &d[1].as_ref().unwrap().receipt)
+            .await
+            .unwrap();
+        run(
+            &b,
+            &lowered,
+            &[(
+                5,
+                Check("ida", 1),
+                Pass {
+                    remaining: 0,
+                    reset_ms: 60_005,
+                },
+            )],
+        )
+        .await;
+    }
+}
+
 /// One `#[tokio::test]` per case for the backend built by `$factory`
 /// (an `async fn() -> Backend`, named by an absolute path such as
 /// `crate::memory`: the cases live in nested modules, one per strategy).
@@ -684,6 +1505,25 @@ macro_rules! conformance_suite {
             refund_moves_tat_back_but_never_before_its_charge,
             a_lowered_burst_keeps_rejecting,
             emission_interval_rounds_up_to_whole_microseconds,
+        );
+        $crate::conformance_suite!(@cases $factory; leaky_bucket;
+            a_burst_is_queued_at_the_rate_then_rejected,
+            the_bucket_drains_at_the_rate,
+            cost_takes_as_many_places,
+            keys_are_independent,
+            refund_of_the_last_place_is_exact,
+            refund_from_the_middle_frees_a_place_for_the_next_arrival,
+            refund_of_a_used_slot_changes_nothing,
+            a_lowered_capacity_keeps_rejecting,
+        );
+        $crate::conformance_suite!(@cases $factory; concurrency;
+            admits_up_to_the_limit_and_a_release_frees_a_slot,
+            entries_of_crashed_servers_time_out,
+            peek_reports_without_taking_a_slot,
+            cost_takes_as_many_slots,
+            releases_are_idempotent_and_never_free_another_request,
+            keys_are_independent,
+            a_lowered_limit_keeps_rejecting,
         );
     };
     (@cases $factory:path; $strategy:ident; $($case:ident),* $(,)?) => {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use deadpool_redis::Pool;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisResult, Value};
+use redis::{RedisResult, ToRedisArgs, Value};
 
 use super::script::LuaScript;
 
@@ -36,11 +36,11 @@ impl fmt::Debug for Connection {
 
 impl Connection {
     /// Runs `script` in one round trip (see [`LuaScript::eval`]).
-    pub(crate) async fn eval(
+    pub(crate) async fn eval<A: ToRedisArgs + Sync>(
         &self,
         script: &LuaScript,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         match self {
@@ -86,11 +86,11 @@ impl PooledConnection {
         Ok(conn)
     }
 
-    async fn eval(
+    async fn eval<A: ToRedisArgs + Sync>(
         &self,
         script: &LuaScript,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         let mut conn = self.connection().await?;

@@ -1,7 +1,7 @@
 //! The Redis store: one script call, one round trip, per decision.
 
-mod connection;
-mod reply;
+pub(crate) mod connection;
+pub(crate) mod reply;
 pub(crate) mod script;
 
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use crate::decision::{Decision, Receipt};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::quota::Policy;
-use crate::strategy::{gcra, sliding_log, Strategy, MAX_SPAN_MICROS};
+use crate::strategy::{concurrency, gcra, leaky_bucket, sliding_log, Strategy, MAX_SPAN_MICROS};
 
 /// Keeps limits in Redis, shared by every app server that uses the same Redis.
 ///
@@ -157,6 +157,16 @@ impl RedisStore {
         RedisStoreBuilder::new(Connection::Cluster(conn))
     }
 
+    /// The connection, shared with the throttle's sync task.
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.inner.conn
+    }
+
+    /// The key names, shared with the throttle's sync task.
+    pub(crate) fn keyspace(&self) -> &KeySpace {
+        &self.inner.keys
+    }
+
     /// `now` for the scripts: the store's clock, or -1 for Redis `TIME`.
     fn now_arg(&self) -> String {
         match &self.inner.clock {
@@ -178,7 +188,10 @@ impl RedisStore {
             .conn
             .eval(script, &keys, &args, read_only)
             .await?;
-        let decision = reply::decision(reply, cost)?;
+        let decision = match policy.strategy() {
+            Strategy::LeakyBucket { .. } => reply::shaped(reply, cost),
+            _ => reply::decision(reply, cost),
+        }?;
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))
     }
@@ -245,6 +258,36 @@ impl RedisStore {
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.gcra.decide(read_only), keys, args)
             }
+            Strategy::LeakyBucket { capacity } => {
+                let script = if read_only {
+                    &scripts.leaky_bucket_peek
+                } else {
+                    &scripts.leaky_bucket
+                };
+                let args = vec![
+                    self.now_arg(),
+                    cost.to_string(),
+                    capacity.to_string(),
+                    leaky_bucket::interval_micros(&policy.quotas()[0]).to_string(),
+                ];
+                (script, self.inner.keys.quota_keys(policy, key), args)
+            }
+            Strategy::Concurrency => {
+                let script = if read_only {
+                    &scripts.concurrency_peek
+                } else {
+                    &scripts.concurrency
+                };
+                let quota = policy.quotas()[0];
+                let args = vec![
+                    self.now_arg(),
+                    cost.to_string(),
+                    quota.limit().to_string(),
+                    quota.window_micros().to_string(),
+                    concurrency::new_id().to_string(),
+                ];
+                (script, self.inner.keys.quota_keys(policy, key), args)
+            }
         }
     }
 
@@ -297,6 +340,24 @@ impl RedisStore {
                 ];
                 args.extend(stamps(receipt));
                 (&scripts.gcra.refund, keys, args)
+            }
+            Strategy::LeakyBucket { .. } => {
+                let args = vec![
+                    self.now_arg(),
+                    receipt.cost().to_string(),
+                    leaky_bucket::interval_micros(&policy.quotas()[0]).to_string(),
+                    receipt.stamps().first().copied().unwrap_or(0).to_string(),
+                ];
+                let keys = self.inner.keys.quota_keys(policy, key);
+                (&scripts.leaky_bucket_refund, keys, args)
+            }
+            Strategy::Concurrency => {
+                let args = vec![
+                    receipt.stamps().first().copied().unwrap_or(0).to_string(),
+                    receipt.cost().to_string(),
+                ];
+                let keys = self.inner.keys.quota_keys(policy, key);
+                (&scripts.concurrency_release, keys, args)
             }
         };
         self.inner.conn.eval(script, &keys, &args, false).await?;

@@ -44,3 +44,19 @@ pub(crate) fn decision(value: Value, cost: u64) -> Result<Decision, StoreError> 
     };
     Ok(decision.reporting(u(6) as usize))
 }
+
+/// Decodes a leaky bucket's reply: the shared head, then on a pass the slot
+/// end (the receipt's stamp) and the wait before leaving, µs.
+pub(crate) fn shaped(value: Value, cost: u64) -> Result<Decision, StoreError> {
+    let mut decision = decision(value, cost)?;
+    if decision.allowed {
+        let delay = decision
+            .receipt
+            .stamps
+            .pop()
+            .filter(|_| decision.receipt.stamps.len() == 1)
+            .ok_or_else(|| StoreError::protocol("leaky bucket reply without slot and delay"))?;
+        decision = decision.delayed(delay);
+    }
+    Ok(decision)
+}

@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisResult, ServerErrorKind, ToRedisArgs, Value};
 
 /// One Lua file: its source and SHA1, computed once.
 #[derive(Debug)]
@@ -14,25 +14,25 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(name: &'static str, source: String) -> Self {
+    pub(crate) fn new(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
     }
 
     /// Peek scripts run unchanged but flagged read-only, so Redis refuses any
     /// write they might attempt and lets replicas run them (`EVALSHA_RO`).
-    fn read_only(name: &'static str, source: &str) -> Self {
+    pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
         Self::new(name, format!("#!lua flags=no-writes\n{source}"))
     }
 
     /// One round trip: `EVALSHA` (or `EVALSHA_RO`). Only when Redis answers
     /// `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restarted or failed-over
     /// server) is the script loaded and the call repeated.
-    pub(crate) async fn eval<C: ConnectionLike>(
+    pub(crate) async fn eval<C: ConnectionLike, A: ToRedisArgs + Sync>(
         &self,
         conn: &mut C,
         keys: &[String],
-        args: &[String],
+        args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
         let mut cmd = redis::cmd(if read_only { "EVALSHA_RO" } else { "EVALSHA" });
@@ -65,6 +65,12 @@ pub(crate) struct Scripts {
     pub(crate) sliding_log: Trio,
     pub(crate) sliding_window: Trio,
     pub(crate) gcra: Trio,
+    pub(crate) leaky_bucket: LuaScript,
+    pub(crate) leaky_bucket_peek: LuaScript,
+    pub(crate) leaky_bucket_refund: LuaScript,
+    pub(crate) concurrency: LuaScript,
+    pub(crate) concurrency_peek: LuaScript,
+    pub(crate) concurrency_release: LuaScript,
 }
 
 /// A strategy's decision script, the same flagged read-only for peeks, and
@@ -97,6 +103,8 @@ impl Trio {
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let fixed_window = include_str!("../../../lua/fixed_window.lua");
+    let leaky_bucket = include_str!("../../../lua/leaky_bucket.lua");
+    let concurrency = include_str!("../../../lua/concurrency.lua");
     Scripts {
         fixed_window: LuaScript::new("fixed_window", fixed_window.into()),
         fixed_window_peek: LuaScript::read_only("fixed_window_peek", fixed_window),
@@ -123,6 +131,18 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
             "gcra",
             include_str!("../../../lua/gcra.lua"),
             include_str!("../../../lua/gcra_refund.lua"),
+        ),
+        leaky_bucket: LuaScript::new("leaky_bucket", leaky_bucket.into()),
+        leaky_bucket_peek: LuaScript::read_only("leaky_bucket_peek", leaky_bucket),
+        leaky_bucket_refund: LuaScript::new(
+            "leaky_bucket_refund",
+            include_str!("../../../lua/leaky_bucket_refund.lua").into(),
+        ),
+        concurrency: LuaScript::new("concurrency", concurrency.into()),
+        concurrency_peek: LuaScript::read_only("concurrency_peek", concurrency),
+        concurrency_release: LuaScript::new(
+            "concurrency_release",
+            include_str!("../../../lua/concurrency_release.lua").into(),
         ),
     }
 });

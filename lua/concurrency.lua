@@ -1,0 +1,67 @@
+-- tollgate: Stripe's concurrent-request limiter.
+-- Mirrors src/strategy/concurrency.rs; change both together.
+--
+-- A sorted set of the key's requests in flight, scored by start (µs). A
+-- request of cost c adds members "<id>:0" .. "<id>:c-1", so ZCOUNT counts
+-- units. Entries started at or before now - timeout belong to app servers that
+-- crashed before releasing them: they never count, and a writing call removes
+-- them. The key expires one timeout after the last admission, when every
+-- entry in it is stale.
+--
+-- KEYS[1]  sorted set: member "<id>:<i>", score = start µs
+-- ARGV[1]  now, µs since epoch; -1 reads Redis TIME (one clock for all app servers)
+-- ARGV[2]  cost in units (slots); 0 looks without writing (the peek reuses this script)
+-- ARGV[3]  limit: slots in flight at most
+-- ARGV[4]  timeout, µs: how long an entry counts before it is presumed crashed
+-- ARGV[5]  this request's id: a random integer below 2^53, made by the app
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used (in flight), reset_at µs (newest start + timeout,
+--    or now), retry_after µs or -1, now µs, reported quota (always 0),
+--    and on a pass: the id (the release stamp)}
+
+local function int(x) return string.format('%.0f', x) end
+
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+local timeout = tonumber(ARGV[4])
+local id = ARGV[5]
+
+local floor = math.max(now - timeout, 0)
+if cost > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(floor))
+end
+local live = '(' .. int(floor)
+local count = redis.call('ZCOUNT', KEYS[1], live, '+inf')
+local oldest, newest = nil, nil
+if count > 0 then
+  oldest = tonumber(redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+  newest = tonumber(redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', live, 'WITHSCORES', 'LIMIT', 0, 1)[2])
+end
+
+if count + cost > limit then
+  local reset, retry = now, 1000000
+  if newest then reset = newest + timeout end
+  if oldest then retry = math.min(oldest + timeout - now, 1000000) end
+  return {0, limit, math.min(count, limit), reset, retry, now, 0}
+end
+
+if cost > 0 then
+  local args = {}
+  for i = 0, cost - 1 do
+    args[#args + 1] = int(now)
+    args[#args + 1] = id .. ':' .. i
+  end
+  redis.call('ZADD', KEYS[1], unpack(args))
+  redis.call('PEXPIRE', KEYS[1], int(math.ceil(timeout / 1000)))
+  count = count + cost
+  if not newest or now > newest then newest = now end
+end
+local reset = now
+if newest then reset = newest + timeout end
+return {1, limit, count, reset, -1, now, 0, tonumber(id)}

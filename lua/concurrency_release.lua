@@ -1,0 +1,16 @@
+-- tollgate: release a concurrency-limit slot (the response body ended or was
+-- dropped, or the request was cancelled). Mirrors concurrency::release.
+-- ZREM keeps the key's expiry; an emptied set is deleted by Redis.
+--
+-- KEYS[1]  sorted set (as in concurrency.lua)
+-- ARGV[1]  the request's id: the receipt's stamp
+-- ARGV[2]  cost: how many members "<id>:0" .. "<id>:cost-1" it added
+--
+-- Reply: members removed (integer; 0 when they timed out already).
+
+local members = {}
+for i = 0, tonumber(ARGV[2]) - 1 do
+  members[#members + 1] = ARGV[1] .. ':' .. i
+end
+if #members == 0 then return 0 end
+return redis.call('ZREM', KEYS[1], unpack(members))

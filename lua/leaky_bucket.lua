@@ -1,0 +1,56 @@
+-- tollgate: leaky bucket that shapes traffic ("virtual scheduling").
+-- Mirrors src/strategy/leaky_bucket.rs; change both together.
+--
+-- The key holds the time the bucket empties (next_free). A request leaves at
+-- max(now, next_free) and pushes next_free on by cost intervals; it fits when
+-- the queue after it (next_free - now) is at most capacity intervals. A stored
+-- next_free that is not after `now` is an empty bucket, expired or not.
+-- The key expires one second after the bucket empties; expiry only cleans up.
+--
+-- KEYS[1]  string: next_free, µs since epoch
+-- ARGV[1]  now, µs since epoch; -1 reads Redis TIME (one clock for all app servers)
+-- ARGV[2]  cost in units; 0 looks without writing (the peek reuses this script)
+-- ARGV[3]  capacity, in units
+-- ARGV[4]  interval between two units, µs (window / limit, rounded up)
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit (= capacity), used, reset_at µs (bucket empty),
+--    retry_after µs or -1, now µs, reported quota (always 0),
+--    and on a pass: slot end µs (the refund stamp), delay µs before leaving}
+
+local function int(x) return string.format('%.0f', x) end
+
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local interval = tonumber(ARGV[4])
+
+-- ceil(a / b) for non-negative integers below 2^53, exactly: the float
+-- quotient may round up to the next integer, so check with products.
+local function ceil_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+local free_at = tonumber(redis.call('GET', KEYS[1]))
+if not free_at or free_at <= now then free_at = now end
+local level = free_at - now
+local full = capacity * interval
+local after = level + cost * interval
+
+if after > full then
+  local used = math.min(ceil_div(level, interval), capacity)
+  return {0, capacity, used, free_at, after - full, now, 0}
+end
+
+local finish = free_at + cost * interval
+if cost > 0 then
+  redis.call('SET', KEYS[1], int(finish), 'PX', int(math.ceil((finish - now) / 1000) + 1000))
+end
+return {1, capacity, ceil_div(after, interval), finish, -1, now, 0, finish, level}

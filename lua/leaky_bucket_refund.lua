@@ -1,0 +1,35 @@
+-- tollgate: give a leaky bucket's slot back (a client that left while
+-- waiting, or a response the layer's refund predicate frees).
+-- Mirrors leaky_bucket::refund in src/strategy/leaky_bucket.rs.
+--
+-- The bucket empties cost intervals sooner, never before now, and only while
+-- the refunded slot has not ended and is still in the bucket. Requests already
+-- scheduled keep their times. KEEPTTL: the key's expiry only ever needs to
+-- shrink here.
+--
+-- KEYS[1]  string: next_free, µs since epoch (as in leaky_bucket.lua)
+-- ARGV[1]  now, µs since epoch; -1 reads Redis TIME
+-- ARGV[2]  units to give back
+-- ARGV[3]  interval between two units, µs
+-- ARGV[4]  the slot's end, µs: the receipt's stamp
+--
+-- Reply: 1 if the bucket moved, else 0 (integer).
+
+local function int(x) return string.format('%.0f', x) end
+
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+local interval = tonumber(ARGV[3])
+local stamp = tonumber(ARGV[4])
+
+local free_at = tonumber(redis.call('GET', KEYS[1]))
+if free_at and stamp > now and stamp <= free_at then
+  local moved = math.max(free_at - cost * interval, now)
+  redis.call('SET', KEYS[1], int(moved), 'KEEPTTL')
+  return 1
+end
+return 0

@@ -1,0 +1,145 @@
+//! Giving a pass's charge back when the request stops needing it, without
+//! blocking: a client that leaves a leaky bucket's queue, or a concurrency
+//! slot whose response ended, failed or was cancelled.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::decision::Receipt;
+use crate::key::Key;
+use crate::limiter::Limiter;
+use crate::store::Store;
+
+/// Gives a receipt back to the store that charged it when dropped, unless
+/// disarmed first. The store call runs in a spawned task, bounded by the
+/// layer's deadline; if it fails (Redis is down) the charge simply times
+/// out in the store (a concurrency slot after its timeout, a leaky bucket's
+/// place when its turn passes), so nothing leaks and nothing waits.
+pub(crate) struct ReleaseGuard(Option<Release>);
+
+struct Release {
+    limiter: Arc<Limiter>,
+    store: Arc<dyn Store>,
+    key: Key,
+    receipt: Receipt,
+}
+
+impl ReleaseGuard {
+    pub(crate) fn new(
+        limiter: Arc<Limiter>,
+        store: Arc<dyn Store>,
+        key: Key,
+        receipt: Receipt,
+    ) -> Self {
+        Self(Some(Release {
+            limiter,
+            store,
+            key,
+            receipt,
+        }))
+    }
+
+    /// The request is about to run: a place in a leaky bucket's queue is now
+    /// spent (`None`), a concurrency slot stays held until the body ends.
+    pub(crate) fn keep_if_held(mut self) -> Option<Self> {
+        let held = self
+            .0
+            .as_ref()
+            .is_some_and(|r| r.limiter.policy.strategy().holds_until_response_ends());
+        if held {
+            Some(self)
+        } else {
+            self.0 = None;
+            None
+        }
+    }
+
+    /// Gives the charge back now (once; later calls and the drop do nothing).
+    pub(crate) fn release(&mut self) {
+        let Some(Release {
+            limiter,
+            store,
+            key,
+            receipt,
+        }) = self.0.take()
+        else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                policy = limiter.policy.name(),
+                "no Tokio runtime to release a rate limit charge on; it expires in the store instead"
+            );
+            return;
+        };
+        runtime.spawn(async move {
+            let policy = &limiter.policy;
+            let release = store.refund(policy, &key, &receipt);
+            match tokio::time::timeout(limiter.deadline, release).await {
+                Ok(Ok(())) => tracing::trace!(policy = policy.name(), "rate limit charge released"),
+                Ok(Err(err)) => tracing::warn!(policy = policy.name(), error = %err,
+                    "rate limit release failed; the charge expires in the store instead"),
+                Err(_) => tracing::warn!(
+                    policy = policy.name(),
+                    "rate limit release timed out; the charge expires in the store instead"
+                ),
+            }
+        });
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+pin_project! {
+    /// A response body that releases its request's concurrency slot when it
+    /// ends, fails, or is dropped (a client that went away mid-download).
+    pub(crate) struct ReleaseBody<B> {
+        #[pin]
+        inner: B,
+        guard: ReleaseGuard,
+    }
+}
+
+impl<B> ReleaseBody<B> {
+    pub(crate) fn new(inner: B, guard: ReleaseGuard) -> Self {
+        Self { inner, guard }
+    }
+}
+
+impl<B: Body> Body for ReleaseBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            Poll::Pending => false,
+        };
+        if ended {
+            this.guard.release();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

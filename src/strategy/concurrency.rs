@@ -1,0 +1,133 @@
+//! Stripe's concurrent-request limiter: at most `limit` in flight per key.
+//!
+//! Mirrors `lua/concurrency.lua` and `lua/concurrency_release.lua` line for
+//! line; change them together.
+//!
+//! In Redis the state is a sorted set of in-flight requests scored by their
+//! start (µs); a request of cost `c` adds `c` members `{id}:0 .. {id}:c-1`.
+//! Entries older than the timeout belong to app servers that crashed before
+//! releasing them: they stop counting, and a writing check removes them.
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+use crate::decision::{Decision, Receipt};
+
+/// A rejection's `Retry-After` hint: slots free when responses end, which
+/// no store can foresee.
+pub(crate) const RETRY_HINT_MICROS: u64 = 1_000_000;
+
+/// One admitted request: its id, start (µs) and cost (members in Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub id: u64,
+    pub started: u64,
+    pub cost: u64,
+}
+
+/// The requests of one key in flight.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    pub slots: Vec<Slot>,
+}
+
+/// A fresh id for a request's slot: random, below 2^53 so Lua returns it
+/// exactly, and never chosen by the caller.
+pub(crate) fn new_id() -> u64 {
+    static KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    KEYS.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed)) >> 11
+}
+
+/// Decides for `cost` slots; on a pass with `cost > 0` records request `id`
+/// as started at `now`. Entries started at or before `now - timeout` do not
+/// count and, when writing, are dropped.
+pub(crate) fn check(
+    set: &mut InFlight,
+    limit: u64,
+    timeout: u64,
+    now: u64,
+    cost: u64,
+    id: u64,
+) -> Decision {
+    let floor = now.saturating_sub(timeout);
+    if cost > 0 {
+        set.slots.retain(|s| s.started > floor);
+    }
+    let live = || set.slots.iter().filter(|s| s.started > floor);
+    let count: u64 = live().map(|s| s.cost).sum();
+    let oldest = live().map(|s| s.started).min();
+    let newest = live().map(|s| s.started).max();
+
+    if count + cost > limit {
+        let reset = newest.map_or(now, |t| t + timeout);
+        let retry = oldest.map_or(RETRY_HINT_MICROS, |t| {
+            (t + timeout - now).min(RETRY_HINT_MICROS)
+        });
+        return Decision::rejected(limit, count.min(limit), reset, now, retry);
+    }
+    let (count, newest) = if cost > 0 {
+        set.slots.push(Slot {
+            id,
+            started: now,
+            cost,
+        });
+        (count + cost, Some(newest.map_or(now, |t| t.max(now))))
+    } else {
+        (count, newest)
+    };
+    let reset = newest.map_or(now, |t| t + timeout);
+    Decision::allowed(limit, count, reset, now).with_receipt(Receipt::new(cost, vec![id]))
+}
+
+/// Frees request `id`'s slots (a no-op when they are gone already).
+pub(crate) fn release(set: &mut InFlight, id: u64) {
+    set.slots.retain(|s| s.id != id);
+}
+
+/// How long a key lives after an admission: one timeout, in whole ms as
+/// `PEXPIRE` takes it, by which every entry it holds is stale.
+pub(crate) fn expiry_micros(timeout: u64) -> u64 {
+    timeout.div_ceil(1000) * 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const TIMEOUT: u64 = 60_000_000;
+
+    #[test]
+    fn admits_up_to_the_limit_and_releases_by_id() {
+        let mut set = InFlight::default();
+        let a = check(&mut set, 2, TIMEOUT, 1_000, 1, 7);
+        let b = check(&mut set, 2, TIMEOUT, 2_000, 1, 8);
+        assert!(a.allowed && b.allowed);
+        assert_eq!(b.remaining, 0);
+        assert!(!check(&mut set, 2, TIMEOUT, 3_000, 1, 9).allowed);
+        release(&mut set, 7);
+        let c = check(&mut set, 2, TIMEOUT, 4_000, 1, 9);
+        assert!(c.allowed);
+        assert_eq!(c.receipt.stamps(), &[9]);
+    }
+
+    #[test]
+    fn entries_of_crashed_servers_stop_counting_after_the_timeout() {
+        let (mut set, t0) = (InFlight::default(), 1_000_000);
+        assert!(check(&mut set, 1, TIMEOUT, t0, 1, 1).allowed);
+        let d = check(&mut set, 1, TIMEOUT, t0 + TIMEOUT - 1, 1, 2);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_micros(1)));
+        assert!(check(&mut set, 1, TIMEOUT, t0 + TIMEOUT, 1, 3).allowed);
+        assert_eq!(set.slots.len(), 1, "the stale entry was dropped");
+    }
+
+    #[test]
+    fn ids_differ_and_fit_a_lua_number() {
+        let ids: std::collections::HashSet<u64> = (0..10_000).map(|_| new_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(ids.iter().all(|&id| id < 1 << 53));
+    }
+}

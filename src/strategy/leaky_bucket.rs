@@ -1,0 +1,140 @@
+//! A leaky bucket that shapes traffic, as "virtual scheduling".
+//!
+//! Mirrors `lua/leaky_bucket.lua` and `lua/leaky_bucket_refund.lua` line for
+//! line; change them together.
+//!
+//! The only state is `next_free`: the time (µs) at which the bucket will be
+//! empty, which is also the earliest time the next request may leave. A
+//! request of cost `c` arriving at `now` leaves at `start = max(now,
+//! next_free)` and pushes `next_free` to `start + c·T`, where `T` is the
+//! interval between two requests. The bucket's *level* is `next_free - now`
+//! (in µs of queue); a request fits when the level after it is at most
+//! `capacity·T`. So a burst of `capacity` requests into an empty bucket is
+//! accepted and they leave at `now, now + T, now + 2T, ...`: never faster
+//! than the rate, across every app server sharing the store.
+
+use std::num::NonZeroU32;
+
+use crate::decision::{Decision, Receipt};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// Keys live one second past the time the bucket empties (cleanup only).
+pub(crate) const EXPIRY_GRACE_MICROS: u64 = 1_000_000;
+
+/// The longest queue a bucket may describe, so that every time it stores
+/// stays an exact integer in Lua's doubles.
+const MAX_QUEUE_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
+
+/// The interval between two requests: the quota's window over its limit,
+/// rounded *up* to the microsecond so the rate is never exceeded.
+pub(crate) fn interval_micros(quota: &Quota) -> u64 {
+    quota
+        .window_micros()
+        .div_ceil(u64::from(quota.limit()))
+        .max(1)
+}
+
+pub(crate) fn validate(quota: &Quota, capacity: NonZeroU32) -> Result<(), ConfigError> {
+    let queue = interval_micros(quota).saturating_mul(u64::from(capacity.get()));
+    if queue > MAX_QUEUE_MICROS {
+        return Err(ConfigError::new(format!(
+            "a leaky bucket of capacity {capacity} at {} per {:?} would queue for more than a year",
+            quota.limit(),
+            quota.window()
+        )));
+    }
+    Ok(())
+}
+
+/// Decides, and on a pass with `cost > 0` moves `next_free`.
+///
+/// A stored `next_free` that is not after `now` is an empty bucket. The
+/// pass's receipt stamp is the time its slot ends (the new `next_free`).
+pub(crate) fn check(
+    next_free: &mut Option<u64>,
+    capacity: u64,
+    interval: u64,
+    now: u64,
+    cost: u64,
+) -> Decision {
+    let free_at = next_free.filter(|&t| t > now).unwrap_or(now);
+    let level = free_at - now;
+    let full = capacity * interval;
+    let after = level + cost * interval;
+    if after > full {
+        let used = level.div_ceil(interval).min(capacity);
+        return Decision::rejected(capacity, used, free_at, now, after - full);
+    }
+    let end = free_at + cost * interval;
+    if cost > 0 {
+        *next_free = Some(end);
+    }
+    Decision::allowed(capacity, after.div_ceil(interval), end, now)
+        .delayed(level)
+        .with_receipt(Receipt::new(cost, vec![end]))
+}
+
+/// Gives back the slot ending at `stamp`: the bucket empties `cost·T`
+/// sooner, never before `now`. Only while that slot has not ended (a slot
+/// already used up cannot be given back) and is still in the bucket.
+///
+/// Requests already scheduled keep their times; the freed place goes to
+/// the next arrival. When the refunded slot was the last one this is
+/// exact; from the middle of the queue the next arrival may leave together
+/// with the request that was last in line, once per refund, while the rate
+/// over any longer span is kept.
+pub(crate) fn refund(next_free: &mut Option<u64>, stamp: u64, cost: u64, interval: u64, now: u64) {
+    if let Some(free_at) = next_free {
+        if stamp > now && stamp <= *free_at {
+            *free_at = free_at.saturating_sub(cost * interval).max(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const T: u64 = 100_000; // 10 per second
+
+    #[test]
+    fn a_burst_of_capacity_is_spaced_by_the_interval_and_the_rest_rejected() {
+        let mut nf = None;
+        let mut starts = Vec::new();
+        for _ in 0..4 {
+            let d = check(&mut nf, 4, T, 1_000_000, 1);
+            assert!(d.allowed);
+            starts.push(1_000_000 + d.delay.map_or(0, |d| d.as_micros() as u64));
+        }
+        assert_eq!(starts, [1_000_000, 1_100_000, 1_200_000, 1_300_000]);
+        let d = check(&mut nf, 4, T, 1_000_000, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(Duration::from_micros(T)));
+        assert_eq!(d.reset_at_micros, 1_400_000);
+    }
+
+    #[test]
+    fn the_interval_rounds_up_so_the_rate_is_never_exceeded() {
+        let q = Quota::new(3, Duration::from_secs(1)).unwrap();
+        assert_eq!(interval_micros(&q), 333_334);
+    }
+
+    #[test]
+    fn refunds_never_move_the_bucket_before_now_nor_touch_used_slots() {
+        let mut nf = Some(1_500_000);
+        refund(&mut nf, 1_500_000, 10, T, 1_200_000);
+        assert_eq!(nf, Some(1_200_000));
+        let mut nf = Some(1_500_000);
+        refund(&mut nf, 1_100_000, 1, T, 1_200_000); // that slot is over
+        assert_eq!(nf, Some(1_500_000));
+    }
+
+    #[test]
+    fn a_year_long_queue_cannot_be_built() {
+        let q = Quota::new(1, Duration::from_secs(3600)).unwrap();
+        assert!(validate(&q, NonZeroU32::new(10_000).unwrap()).is_err());
+        assert!(validate(&q, NonZeroU32::new(100).unwrap()).is_ok());
+    }
+}
