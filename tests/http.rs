@@ -12,8 +12,8 @@ use axum::routing::get;
 use axum::Router;
 use std::num::NonZeroU32;
 use tollgate::{
-    ForwardedIp, HeaderKey, KeyExtractor, ManualClock, MemoryStore, PeerIp, Policy, Quota,
-    RateLimitHeaders, RateLimitLayer, RouteKey, Strategy,
+    ForwardedIp, HeaderKey, KeyExtractor, LocalCache, ManualClock, MemoryStore, PeerIp, Policy,
+    Quota, RateLimitHeaders, RateLimitLayer, RouteKey, Strategy,
 };
 use tower::ServiceExt;
 
@@ -527,4 +527,68 @@ fn strategy_parameters_are_checked_at_build_time() {
     let slow = Policy::gcra("gcra", quota(1, 366 * 24 * 3600), burst);
     assert!(err(slow).contains("more than a year"));
     assert!(build(Policy::sliding_window("window", quota(10, 1)).and(quota(100, 60))).is_ok());
+}
+
+#[tokio::test]
+async fn the_local_cache_answers_as_the_store_would_for_every_strategy() {
+    // The cache repeats a rejection (or a pass that spent the last unit)
+    // without asking the store, only where each strategy says the answer
+    // cannot change meanwhile. Replay one trace with and without it.
+    let ms = Duration::from_millis;
+    let policies = [
+        Policy::uniform_gate("gate", ms(700)).unwrap(),
+        Policy::sliding_log("log", quota(4, 2), quota(2, 1)),
+        Policy::sliding_window("window", quota(3, 1)),
+        Policy::gcra("gcra", quota(2, 1), NonZeroU32::new(3).unwrap()),
+    ];
+    for policy in policies {
+        let clock = ManualClock::new(T0);
+        let layer = |cache: bool| {
+            let builder = RateLimitLayer::builder()
+                .policy(policy.clone())
+                .store(MemoryStore::with_clock(clock.clone()))
+                .key(HeaderKey::new("x-api-key"));
+            let builder = match cache {
+                true => builder.local_cache(LocalCache::new(100).clock(clock.clone())),
+                false => builder,
+            };
+            builder.build().unwrap()
+        };
+        let (plain, cached) = (layer(false), layer(true));
+        let (a, b) = (
+            app(plain, [192, 0, 2, 30]),
+            app(cached.clone(), [192, 0, 2, 30]),
+        );
+        let steps = [0, 1, 20, 50, 137, 0, 3, 400];
+        for i in 0..300usize {
+            clock.advance(ms(steps[(i * 7 + i / 5) % steps.len()]));
+            // Runs of four from one caller, so rejections are followed up.
+            let who = ["ann", "bob", "cat"][(i / 4 + i / 13) % 3];
+            let req = || {
+                Request::get("/tiger")
+                    .header("x-api-key", who)
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            let (sa, ha, _) = send(&a, req()).await;
+            let (sb, hb, _) = send(&b, req()).await;
+            let seen = |h: &HeaderMap| {
+                ["retry-after", "x-ratelimit-remaining", "x-ratelimit-reset"]
+                    .map(|n| h.get(n).map(|v| v.to_str().unwrap().to_owned()))
+            };
+            let here = format!("{} step {i} ({who})", policy.name());
+            assert_eq!(sa, sb, "{here}");
+            // Only the sliding log's shared limit can move a rejection's
+            // Retry-After later meanwhile (other callers filling it); the
+            // status stays right, the cached headers are then early.
+            if ha.get("x-ratelimit-scope").is_none_or(|s| s == "consumer") {
+                assert_eq!(seen(&ha), seen(&hb), "{here}");
+            }
+        }
+        assert!(
+            cached.local_cache_hits() > 0,
+            "{}: the cache was used",
+            policy.name()
+        );
+    }
 }

@@ -41,8 +41,11 @@ const SWEEP_EVERY_MICROS: u64 = 100_000;
 ///
 /// A cached rejection keeps the store's `X-RateLimit-Used`, which for the
 /// sliding window and GCRA would have drifted down meanwhile. A sliding log's
-/// rejection by the resource limit is cached per caller: another caller's
-/// refund of the shared resource is not seen (see refunds below).
+/// rejection is cached per caller, but its resource limit is shared: other
+/// callers filling it meanwhile keep this caller out longer than the cached
+/// `Retry-After` says (the store then rejects again, with the later time),
+/// and another caller's refund of the shared resource is not seen (see
+/// refunds below).
 ///
 /// Each strategy says so through `Strategy::rejection_is_stable` and
 /// `Strategy::exhaustion_is_stable`, which a new strategy must answer.
