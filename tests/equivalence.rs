@@ -50,6 +50,13 @@ fn policies() -> Vec<Policy> {
         Policy::sliding_window("window", q(4, 1_000)).and(q(7, 3_000)),
         Policy::sliding_window("window1", q(5, 1_500)),
         Policy::gcra("gcra", q(3, 1_000), NonZeroU32::new(4).unwrap()),
+        Policy::leaky_bucket("leaky", q(5, 1_000), NonZeroU32::new(3).unwrap()),
+        Policy::concurrency(
+            "concurrency",
+            NonZeroU32::new(2).unwrap(),
+            Duration::from_secs(2),
+        )
+        .unwrap(),
     ]
 }
 
@@ -92,8 +99,11 @@ fn gap() -> impl Strategy<Value = u64> {
 }
 
 /// The decision with the parts that may differ masked: the sliding log's
-/// request ids are random per store.
+/// and the concurrency limit's request ids are random per store.
 fn comparable(policy: &Policy, mut d: Decision) -> Decision {
+    if policy.name() == "concurrency" {
+        d.receipt = Receipt::new(d.receipt.cost(), Vec::new());
+    }
     if policy.name() == "log" {
         let stamps = d.receipt.stamps().iter().take(1).copied().collect();
         d.receipt = Receipt::new(d.receipt.cost(), stamps);
