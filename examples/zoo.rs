@@ -13,6 +13,15 @@
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
 //!   `If-None-Match` matches.
+//! - `GET /uniform/tigerfeeding`: a uniform gate, one call per caller per
+//!   `ZOO_UNIFORM_SPAN_SECS` (10).
+//! - `GET /sliding-log/tigerfeeding`: an exact sliding log selling
+//!   `ZOO_LOG_RESOURCE_LIMIT` (100) per `ZOO_LOG_WINDOW_SECS` (10) to everyone
+//!   and `ZOO_LOG_CONSUMER_LIMIT` (3) to each caller.
+//! - `GET /sliding-window/tigerfeeding`: Cloudflare's sliding-window counter,
+//!   `ZOO_SLIDING_LIMIT` (5) per `ZOO_SLIDING_WINDOW_SECS` (10).
+//! - `GET /gcra/tigerfeeding`: GCRA, `ZOO_GCRA_LIMIT` (5) per
+//!   `ZOO_GCRA_PERIOD_SECS` (10), up to `ZOO_GCRA_BURST` (3) at once.
 //! - `GET /leaky/tigerfeeding`: a leaky bucket shaping to `ZOO_LEAKY_LIMIT`
 //!   (2) per `ZOO_LEAKY_WINDOW_SECS` (1), holding `ZOO_LEAKY_CAPACITY` (5).
 //! - `GET /concurrency/tigerfeeding`: at most `ZOO_CONCURRENCY_LIMIT` (2) in
@@ -39,6 +48,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 #[path = "zoo_parts/holding.rs"]
 mod holding;
+#[path = "zoo_parts/instant.rs"]
+mod instant;
 
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
@@ -53,6 +64,7 @@ struct Settings {
     redis_url: Option<String>,
     quota: Quota,
     trusted_proxies: Option<String>,
+    instant: instant::InstantSettings,
     holding: holding::HoldingSettings,
 }
 
@@ -81,6 +93,7 @@ impl Settings {
             trusted_proxies: std::env::var("ZOO_TRUSTED_PROXIES")
                 .ok()
                 .filter(|s| !s.trim().is_empty()),
+            instant: instant::InstantSettings::from_env()?,
             holding: holding::HoldingSettings::from_env()?,
         })
     }
@@ -186,6 +199,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .build()
         .map_err(|e| e.to_string())?;
 
+    let instant = instant::routes(&settings.instant, store.clone(), key.clone())?;
     let holding = holding::routes(
         &settings.holding,
         store.clone(),
@@ -195,10 +209,12 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     .await?;
 
     let mut limits = vec![tiger_limit.clone()];
+    limits.extend(instant.limits);
     limits.extend(holding.limits);
     let zoo = Zoo { limits };
     Ok(Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
+        .merge(instant.router)
         .merge(holding.router)
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
@@ -245,6 +261,9 @@ async fn main() -> ExitCode {
         settings.quota.limit(),
         settings.quota.window()
     );
+    for line in settings.instant.describe() {
+        println!("  {line}");
+    }
     for line in settings.holding.describe(settings.redis_url.is_some()) {
         println!("  {line}");
     }

@@ -5,7 +5,7 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde_json::json;
 
-use crate::decision::Decision;
+use crate::decision::{Decision, Scope};
 use crate::headers::RateLimitHeaders;
 use crate::quota::Policy;
 
@@ -19,7 +19,8 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
 }
 
 /// A rejection: `status` (429 by default), the decision's headers with
-/// `Remaining: 0` and `Retry-After`, and a short JSON message.
+/// `Remaining: 0` and `Retry-After`, and a short JSON message that names
+/// whose budget ran out (`"scope": "consumer"` or `"resource"`).
 pub(crate) fn limited(
     status: StatusCode,
     policy: &Policy,
@@ -27,11 +28,19 @@ pub(crate) fn limited(
     headers: RateLimitHeaders,
 ) -> Response<Body> {
     let retry_after = decision.retry_after_secs().unwrap_or(1);
+    let message = match decision.scope {
+        Scope::Resource => format!(
+            "Rate limit exceeded for resource '{}': the limit shared by all callers is used up.",
+            policy.name()
+        ),
+        _ => format!("API rate limit exceeded for resource '{}'.", policy.name()),
+    };
     let mut response = json(
         status,
         json!({
-            "message": format!("API rate limit exceeded for resource '{}'.", policy.name()),
+            "message": message,
             "resource": policy.name(),
+            "scope": decision.scope.as_str(),
             "limit": decision.limit,
             "reset": decision.reset_epoch_secs(),
             "retry_after": retry_after,
