@@ -436,3 +436,49 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::quota::Quota;
+    use std::time::Duration;
+
+    fn check(store: &MemoryStore, policy: &Policy, key: &str) -> Decision {
+        store.decide(policy, &Key::new(key), 1)
+    }
+
+    #[test]
+    fn expired_entries_are_swept_so_memory_follows_active_callers() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let policy = Policy::fixed_window("core", Quota::new(5, Duration::from_secs(10)).unwrap());
+        for i in 0..10_000 {
+            check(&store, &policy, &format!("caller{i}"));
+        }
+        let held: usize = store.inner.shards.iter().map(|s| lock(s).entries.len()).sum();
+        assert_eq!(held, 10_000);
+
+        // One second past the windows' end the entries are dead; the next use
+        // of each shard drops them without anyone calling len(). (5,000 keys
+        // miss one of the 64 shards with odds of about 1e-34.)
+        clock.advance(Duration::from_secs(11));
+        for i in 0..5_000 {
+            check(&store, &policy, &format!("newcomer{i}"));
+        }
+        let held: usize = store.inner.shards.iter().map(|s| lock(s).entries.len()).sum();
+        assert_eq!(held, 5_000, "only the live callers are kept");
+        assert_eq!(store.len(), 5_000);
+    }
+
+    #[test]
+    fn an_expired_entry_reads_as_absent_before_it_is_swept() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let policy = Policy::fixed_window("core", Quota::new(1, Duration::from_secs(10)).unwrap());
+        assert!(check(&store, &policy, "bob").allowed);
+        assert!(!check(&store, &policy, "bob").allowed);
+        clock.advance(Duration::from_secs(10));
+        assert!(check(&store, &policy, "bob").allowed, "a new window, swept or not");
+    }
+}
