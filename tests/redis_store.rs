@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use redis::Commands;
-use support::redis::{shared_url, unique_prefix, RedisServer};
+use support::redis::{client_calls, reset_stats, shared_url, unique_prefix, RedisServer};
 use tollgate::{
     FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store, StoreErrorKind,
 };
@@ -34,25 +34,6 @@ async fn store_on(url: &str, prefix: &str) -> RedisStore {
         .build()
         .unwrap()
 }
-
-/// Commands our scripts run inside Redis. `INFO commandstats` counts those
-/// too, so they are left out to see what clients sent.
-const RUN_BY_SCRIPTS: &[&str] = &[
-    "time",
-    "hmget",
-    "hset",
-    "pexpire",
-    "hincrby",
-    "get",
-    "set",
-    "del",
-    "zcount",
-    "zrange",
-    "zrangebyscore",
-    "zremrangebyscore",
-    "zadd",
-    "zrem",
-];
 
 /// One policy per strategy beyond the fixed window, with the longest a key
 /// of it may live (ms): the moment its state stops mattering, plus 1 s.
@@ -80,30 +61,6 @@ fn strategies() -> Vec<(Policy, i64)> {
     ]
 }
 
-/// Client-sent `calls` per command, from `INFO commandstats`.
-fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .filter(|(name, _)| !["info", "config|resetstat"].contains(&name.as_str()))
-        .filter(|(name, _)| !RUN_BY_SCRIPTS.contains(&name.as_str()))
-        .collect()
-}
-
-fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut server.conn())
-        .unwrap();
-}
-
 #[tokio::test]
 async fn one_decision_is_one_evalsha_and_one_refund_is_one_evalsha() {
     let server = RedisServer::start();
@@ -121,7 +78,7 @@ async fn one_decision_is_one_evalsha_and_one_refund_is_one_evalsha() {
     for _ in 0..100 {
         receipts.push(store.check(&policy, &key, 1).await.unwrap().receipt);
     }
-    assert_eq!(command_calls(&server), [("evalsha".to_owned(), 100)].into());
+    assert_eq!(client_calls(&server), [("evalsha".to_owned(), 100)].into());
 
     reset_stats(&server);
     for r in receipts.iter().take(10) {
@@ -129,7 +86,7 @@ async fn one_decision_is_one_evalsha_and_one_refund_is_one_evalsha() {
     }
     store.peek(&policy, &key).await.unwrap();
     assert_eq!(
-        command_calls(&server),
+        client_calls(&server),
         [("evalsha".to_owned(), 10), ("evalsha_ro".to_owned(), 1)].into()
     );
 }
@@ -156,7 +113,7 @@ async fn every_strategy_decides_in_one_evalsha_and_refunds_in_one() {
         }
         let name = policy.strategy().as_str();
         assert_eq!(
-            command_calls(&server),
+            client_calls(&server),
             [("evalsha".to_owned(), 10)].into(),
             "{name}"
         );
@@ -167,7 +124,7 @@ async fn every_strategy_decides_in_one_evalsha_and_refunds_in_one() {
         }
         store.peek(&policy, &passes[0].0).await.unwrap();
         assert_eq!(
-            command_calls(&server),
+            client_calls(&server),
             [("evalsha".to_owned(), 10), ("evalsha_ro".to_owned(), 1)].into(),
             "{name}"
         );
@@ -191,7 +148,7 @@ async fn a_deadpool_pool_adds_no_ping_per_decision() {
             .await
             .unwrap();
     }
-    assert_eq!(command_calls(&server), [("evalsha".to_owned(), 50)].into());
+    assert_eq!(client_calls(&server), [("evalsha".to_owned(), 50)].into());
 }
 
 #[tokio::test]
@@ -206,7 +163,7 @@ async fn script_flush_is_recovered_without_a_failed_decision() {
         .query(&mut server.conn())
         .unwrap();
     assert_eq!(store.check(&policy, &key, 1).await.unwrap().remaining, 8);
-    let stats = command_calls(&server);
+    let stats = client_calls(&server);
     assert_eq!(
         stats.get("script|load"),
         Some(&2),

@@ -456,7 +456,12 @@ mod tests {
         for i in 0..10_000 {
             check(&store, &policy, &format!("caller{i}"));
         }
-        let held: usize = store.inner.shards.iter().map(|s| lock(s).entries.len()).sum();
+        let held: usize = store
+            .inner
+            .shards
+            .iter()
+            .map(|s| lock(s).entries.len())
+            .sum();
         assert_eq!(held, 10_000);
 
         // One second past the windows' end the entries are dead; the next use
@@ -466,7 +471,12 @@ mod tests {
         for i in 0..5_000 {
             check(&store, &policy, &format!("newcomer{i}"));
         }
-        let held: usize = store.inner.shards.iter().map(|s| lock(s).entries.len()).sum();
+        let held: usize = store
+            .inner
+            .shards
+            .iter()
+            .map(|s| lock(s).entries.len())
+            .sum();
         assert_eq!(held, 5_000, "only the live callers are kept");
         assert_eq!(store.len(), 5_000);
     }
@@ -479,6 +489,9 @@ mod tests {
         assert!(check(&store, &policy, "bob").allowed);
         assert!(!check(&store, &policy, "bob").allowed);
         clock.advance(Duration::from_secs(10));
-        assert!(check(&store, &policy, "bob").allowed, "a new window, swept or not");
+        assert!(
+            check(&store, &policy, "bob").allowed,
+            "a new window, swept or not"
+        );
     }
 }
