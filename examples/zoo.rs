@@ -14,10 +14,15 @@
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
 //!   `If-None-Match` matches.
-//! - `GET /strategies/{name}`: the same, limited by each strategy in turn
-//!   (`examples/support/lineup.rs`); `GET /strategies` lists the names.
-//! - `GET /unlimited` (only with `ZOO_BENCH=1`): the same handler with no
-//!   limiter, the baseline the load test compares with.
+//! - `GET /uniform/tigerfeeding`: a uniform gate, one call per caller per
+//!   `ZOO_UNIFORM_SPAN_SECS` (10).
+//! - `GET /sliding-log/tigerfeeding`: an exact sliding log selling
+//!   `ZOO_LOG_RESOURCE_LIMIT` (100) per `ZOO_LOG_WINDOW_SECS` (10) to everyone
+//!   and `ZOO_LOG_CONSUMER_LIMIT` (3) to each caller.
+//! - `GET /sliding-window/tigerfeeding`: Cloudflare's sliding-window counter,
+//!   `ZOO_SLIDING_LIMIT` (5) per `ZOO_SLIDING_WINDOW_SECS` (10).
+//! - `GET /gcra/tigerfeeding`: GCRA, `ZOO_GCRA_LIMIT` (5) per
+//!   `ZOO_GCRA_PERIOD_SECS` (10), up to `ZOO_GCRA_BURST` (3) at once.
 //! - `GET /leaky/tigerfeeding`: a leaky bucket shaping to `ZOO_LEAKY_LIMIT`
 //!   (2) per `ZOO_LEAKY_WINDOW_SECS` (1), holding `ZOO_LEAKY_CAPACITY` (5).
 //! - `GET /concurrency/tigerfeeding`: at most `ZOO_CONCURRENCY_LIMIT` (2) in
@@ -27,6 +32,10 @@
 //!   `ZOO_QUEUE_CAPACITY` (10) drained at `ZOO_QUEUE_RATE` (1) per second; a
 //!   Redis Stream (or List: `ZOO_QUEUE_KIND=list`) when `REDIS_URL` is set,
 //!   drained by `cargo run --example queue_processor`, else in memory.
+//! - `GET /strategies/{name}`: the same, limited by each strategy in turn
+//!   (`examples/support/lineup.rs`); `GET /strategies` lists the names.
+//! - `GET /unlimited` (only with `ZOO_BENCH=1`): the same handler with no
+//!   limiter, the baseline the load test compares with.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -47,6 +56,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 #[path = "zoo_parts/holding.rs"]
 mod holding;
+#[path = "zoo_parts/instant.rs"]
+mod instant;
 
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
@@ -61,6 +72,7 @@ struct Settings {
     redis_url: Option<String>,
     quota: Quota,
     trusted_proxies: Option<String>,
+    instant: instant::InstantSettings,
     bench: bool,
     holding: holding::HoldingSettings,
 }
@@ -90,6 +102,7 @@ impl Settings {
             trusted_proxies: std::env::var("ZOO_TRUSTED_PROXIES")
                 .ok()
                 .filter(|s| !s.trim().is_empty()),
+            instant: instant::InstantSettings::from_env()?,
             bench: env_or("ZOO_BENCH", 0u8)? == 1,
             holding: holding::HoldingSettings::from_env()?,
         })
@@ -196,6 +209,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .build()
         .map_err(|e| e.to_string())?;
 
+    let instant = instant::routes(&settings.instant, store.clone(), key.clone())?;
     let holding = holding::routes(
         &settings.holding,
         store.clone(),
@@ -207,9 +221,11 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     let mut zoo = Zoo {
         limits: vec![tiger_limit.clone()],
     };
+    zoo.limits.extend(instant.limits);
     zoo.limits.extend(holding.limits);
     let mut router = Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
+        .merge(instant.router)
         .merge(holding.router);
     let mut names = String::new();
     for policy in lineup::lineup(settings.quota) {
@@ -278,6 +294,9 @@ async fn main() -> ExitCode {
         settings.quota.limit(),
         settings.quota.window()
     );
+    for line in settings.instant.describe() {
+        println!("  {line}");
+    }
     for line in settings.holding.describe(settings.redis_url.is_some()) {
         println!("  {line}");
     }

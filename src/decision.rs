@@ -40,6 +40,9 @@ pub struct Decision {
     pub delay: Option<Duration>,
     /// Which of the policy's quotas the numbers describe (0-based).
     pub quota: usize,
+    /// Whose budget that quota is: the caller's own, or one shared by every
+    /// caller of the resource (the sliding log's resource limit).
+    pub scope: Scope,
     /// What to give back if the response turns out to be free.
     pub receipt: Receipt,
 }
@@ -57,6 +60,7 @@ impl Decision {
             retry_after: None,
             delay: None,
             quota: 0,
+            scope: Scope::Consumer,
             receipt: Receipt::default(),
         }
     }
@@ -79,6 +83,7 @@ impl Decision {
             retry_after: Some(Duration::from_micros(retry_after_micros)),
             delay: None,
             quota: 0,
+            scope: Scope::Consumer,
             receipt: Receipt::default(),
         }
     }
@@ -86,6 +91,12 @@ impl Decision {
     /// Says which quota (0-based) these numbers describe.
     pub fn reporting(mut self, quota: usize) -> Self {
         self.quota = quota;
+        self
+    }
+
+    /// Says whose budget the reported quota is.
+    pub fn scoped(mut self, scope: Scope) -> Self {
+        self.scope = scope;
         self
     }
 
@@ -134,6 +145,40 @@ impl Decision {
         self.remaining = self.limit.saturating_sub(self.used);
         self.receipt.cost = 0;
         self
+    }
+}
+
+/// Whose budget a quota is.
+///
+/// Most quotas are per caller ([`Scope::Consumer`]). A sliding log also has a
+/// limit shared by every caller of the resource ([`Scope::Resource`]): the
+/// tiger feeding sells 100 tickets per 10 s to everyone, and each caller at
+/// most 3 of them. A rejection says which one ran out, in the `429` body and
+/// in `X-RateLimit-Scope`.
+///
+/// ```
+/// use tollgate::{Decision, Scope};
+/// let d = Decision::rejected(100, 100, 10_000_000, 1_000_000, 9_000_000).scoped(Scope::Resource);
+/// assert_eq!(d.scope.as_str(), "resource");
+/// assert_eq!(Scope::default(), Scope::Consumer);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Scope {
+    /// The caller's own budget.
+    #[default]
+    Consumer,
+    /// A budget shared by every caller of the policy.
+    Resource,
+}
+
+impl Scope {
+    /// `"consumer"` or `"resource"`, as sent to clients.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Scope::Consumer => "consumer",
+            Scope::Resource => "resource",
+        }
     }
 }
 

@@ -12,6 +12,7 @@ static REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static USED: HeaderName = HeaderName::from_static("x-ratelimit-used");
 static RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 static RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
+static SCOPE: HeaderName = HeaderName::from_static("x-ratelimit-scope");
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
@@ -20,7 +21,9 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 ///
 /// - **GitHub** (default): `X-RateLimit-Limit`, `-Remaining`, `-Used`,
 ///   `-Reset` (UTC epoch seconds, rounded up; the same on every response of a
-///   window) and `-Resource` (the policy name).
+///   window) and `-Resource` (the policy name). Policies with a limit shared
+///   by every caller (the sliding log) add `-Scope`: `resource` when the
+///   numbers are that shared limit's, `consumer` when they are the caller's.
 /// - **IETF draft** (draft-ietf-httpapi-ratelimit-headers-11, still a draft):
 ///   `RateLimit-Policy: "core";q=5000;w=3600` and `RateLimit: "core";r=4999;t=3599`,
 ///   where `t` is seconds until reset, a delta, rounded up.
@@ -80,8 +83,12 @@ impl RateLimitHeaders {
     /// Writes the chosen headers for `decision` into `headers`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
         if self.github {
-            headers.reserve(6);
+            headers.reserve(7);
             github(headers, policy, decision);
+            if policy.strategy().has_resource_quota() {
+                let scope = HeaderValue::from_static(decision.scope.as_str());
+                headers.insert(SCOPE.clone(), scope);
+            }
         }
         if self.ietf_draft {
             let name = ietf_name(policy, decision.quota);

@@ -66,7 +66,7 @@ mod throttle;
 
 pub use access::ClientIp;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, Receipt};
+pub use decision::{Decision, Receipt, Scope};
 pub use error::{ConfigError, KeyError, StoreError, StoreErrorKind};
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;

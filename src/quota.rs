@@ -127,6 +127,80 @@ impl Policy {
         Self::new(name, Strategy::FixedWindow, quota)
     }
 
+    /// A uniform gate: one call per caller per `span`, to the microsecond
+    /// (Bob may buy tiger-feeding tickets once every 10 s). A request of cost
+    /// `c` closes the gate for `c` spans. The span must be 1 ms to a year.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    ///
+    /// let policy = Policy::uniform_gate("tigerfeeding", Duration::from_secs(10)).unwrap();
+    /// assert_eq!(policy.quotas()[0].limit(), 1);
+    /// assert!(Policy::uniform_gate("tigerfeeding", Duration::ZERO).is_err());
+    /// ```
+    pub fn uniform_gate(name: impl Into<Arc<str>>, span: Duration) -> Result<Self, ConfigError> {
+        let once = Quota::with_window(NonZeroU32::MIN, span)?;
+        Ok(Self::new(name, Strategy::UniformGate, once))
+    }
+
+    /// An exact sliding-window log with two limits checked and charged
+    /// together: `resource` is shared by every caller of the policy (the
+    /// tiger feeding sells 100 tickets per 10 s to everyone), `consumer` is
+    /// each caller's own (at most 3 of them each). When either rejects,
+    /// nothing is charged, and [`Decision::scope`](crate::Decision::scope)
+    /// says which one did. Limits are at most 1,000,000: the log keeps one
+    /// entry per unit.
+    ///
+    /// All of a policy's keys share one Redis Cluster hash tag (the policy's
+    /// name), because the resource log is checked with every caller's.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Policy, Quota};
+    ///
+    /// let everyone = Quota::new(100, Duration::from_secs(10)).unwrap();
+    /// let each = Quota::new(3, Duration::from_secs(10)).unwrap();
+    /// let policy = Policy::sliding_log("tigerfeeding", everyone, each);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn sliding_log(name: impl Into<Arc<str>>, resource: Quota, consumer: Quota) -> Self {
+        Self::new(name, Strategy::SlidingLog, resource).and(consumer)
+    }
+
+    /// Cloudflare's sliding-window counter: `quota` over a window that slides,
+    /// estimated from two fixed-window counters in constant memory per key.
+    /// Takes more quotas with [`and`](Self::and), all-or-nothing.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    ///
+    /// let per_sec = Quota::per_second(NonZeroU32::new(10).unwrap());
+    /// let per_hour = Quota::per_hour(NonZeroU32::new(1000).unwrap());
+    /// let policy = Policy::sliding_window("search", per_sec).and(per_hour);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn sliding_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Strategy::SlidingWindow, quota)
+    }
+
+    /// GCRA, a token bucket as in redis-cell: refilled at `rate` (`limit` per
+    /// `window`), holding up to `burst` units (redis-cell's `max_burst + 1`).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    ///
+    /// // 1 per second on average, up to 5 at once.
+    /// let rate = Quota::per_second(NonZeroU32::new(1).unwrap());
+    /// let policy = Policy::gcra("feeding", rate, NonZeroU32::new(5).unwrap());
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn gcra(name: impl Into<Arc<str>>, rate: Quota, burst: NonZeroU32) -> Self {
+        Self::new(name, Strategy::Gcra { burst }, rate)
+    }
+
     /// A leaky bucket that shapes traffic to `rate` (`rate.limit()` per
     /// `rate.window()`, evenly spaced) and holds at most `capacity` requests:
     /// a request that fits waits for its turn, one that does not gets a 429.

@@ -5,7 +5,7 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde_json::json;
 
-use crate::decision::Decision;
+use crate::decision::{Decision, Scope};
 use crate::headers::RateLimitHeaders;
 use crate::quota::Policy;
 
@@ -19,7 +19,8 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
 }
 
 /// A rejection: `status` (429 by default), the decision's headers with
-/// `Remaining: 0` and `Retry-After`, and a short JSON message.
+/// `Remaining: 0` and `Retry-After`, and a short JSON message that names
+/// whose budget ran out (`"scope": "consumer"` or `"resource"`).
 pub(crate) fn limited(
     status: StatusCode,
     policy: &Policy,
@@ -42,7 +43,7 @@ pub(crate) fn limited(
     response
 }
 
-/// `{"limit":..,"message":"..","reset":..,"resource":"..","retry_after":..}`
+/// `{"limit":..,"message":"..","reset":..,"resource":"..","retry_after":..,"scope":".."}`
 /// (the keys in the order `serde_json::json!` gave them), written straight
 /// into one string: a rejection must cost no more than a pass, and building
 /// a `json!` map took more time than the store's decision.
@@ -60,12 +61,21 @@ fn limited_body(name: &str, decision: &Decision, retry_after: u64) -> String {
         escaped = serde_json::Value::from(name).to_string();
         &escaped[1..escaped.len() - 1]
     };
-    let mut body = String::with_capacity(128 + 2 * name.len());
+    let mut body = String::with_capacity(192 + 2 * name.len());
+    let _ = write!(body, "{{\"limit\":{},\"message\":\"", decision.limit);
+    match decision.scope {
+        Scope::Resource => {
+            let _ = write!(body, "Rate limit exceeded for resource '{name}': the limit shared by all callers is used up.");
+        }
+        _ => {
+            let _ = write!(body, "API rate limit exceeded for resource '{name}'.");
+        }
+    }
     let _ = write!(
         body,
-        "{{\"limit\":{},\"message\":\"API rate limit exceeded for resource '{name}'.\",\"reset\":{},\"resource\":\"{name}\",\"retry_after\":{retry_after}}}",
-        decision.limit,
+        "\",\"reset\":{},\"resource\":\"{name}\",\"retry_after\":{retry_after},\"scope\":\"{}\"}}",
         decision.reset_epoch_secs(),
+        decision.scope.as_str(),
     );
     body
 }
@@ -109,10 +119,21 @@ mod tests {
 
     #[test]
     fn the_429_body_is_the_json_it_always_was() {
-        let decision = Decision::rejected(5, 5, 10_500_000, 1_000_000, 9_500_000);
+        let mut decision = Decision::rejected(5, 5, 10_500_000, 1_000_000, 9_500_000);
         let expected = json!({
             "message": "API rate limit exceeded for resource 'core'.",
             "resource": "core",
+            "scope": "consumer",
+            "limit": 5,
+            "reset": 11,
+            "retry_after": 10,
+        });
+        assert_eq!(limited_body("core", &decision, 10), expected.to_string());
+        decision.scope = Scope::Resource;
+        let expected = json!({
+            "message": "Rate limit exceeded for resource 'core': the limit shared by all callers is used up.",
+            "resource": "core",
+            "scope": "resource",
             "limit": 5,
             "reset": 11,
             "retry_after": 10,

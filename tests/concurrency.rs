@@ -1,5 +1,5 @@
 //! Under concurrency a limit of 50 admits exactly 50, in one process and
-//! across app servers sharing one Redis.
+//! across app servers sharing one Redis, whatever the strategy.
 
 mod support;
 
@@ -131,6 +131,121 @@ async fn the_layer_under_axum_clones_shares_one_budget() {
         ok += usize::from(status == StatusCode::OK);
     }
     assert_eq!(ok, LIMIT as usize);
+}
+
+/// Fires `REQUESTS` checks at once under `policy`, spread round-robin over
+/// `stores`, the `i`-th for caller `who(i)`; the passes per caller.
+async fn admitted_by(
+    policy: Policy,
+    stores: Vec<Arc<dyn Store>>,
+    who: fn(usize) -> String,
+) -> std::collections::BTreeMap<String, usize> {
+    let policy = Arc::new(policy);
+    let gate = Arc::new(tokio::sync::Barrier::new(REQUESTS));
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let (store, policy, gate) = (
+                stores[i % stores.len()].clone(),
+                policy.clone(),
+                gate.clone(),
+            );
+            tokio::spawn(async move {
+                gate.wait().await;
+                let key = who(i);
+                let d = store.check(&policy, &Key::new(&key), 1).await.unwrap();
+                (key, d.allowed)
+            })
+        })
+        .collect();
+    let mut passes = std::collections::BTreeMap::new();
+    for t in tasks {
+        let (key, allowed) = t.await.unwrap();
+        *passes.entry(key).or_default() += usize::from(allowed);
+    }
+    passes
+}
+
+/// `REQUESTS` (at least 4× the limit) at once on one key admit exactly
+/// `expected`: in memory, with one `RedisStore`, and with two app servers
+/// sharing one Redis.
+async fn admits_exactly(policy: Policy, expected: usize) {
+    let hot = |_| "hot".to_owned();
+    let name = policy.strategy().as_str();
+    assert!(REQUESTS >= 4 * expected);
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let total = |m: std::collections::BTreeMap<String, usize>| m.values().sum::<usize>();
+    assert_eq!(
+        total(admitted_by(policy.clone(), vec![memory], hot).await),
+        expected,
+        "{name}: memory"
+    );
+    let one = vec![redis_store(&unique_prefix("conc-one")).await];
+    assert_eq!(
+        total(admitted_by(policy.clone(), one, hot).await),
+        expected,
+        "{name}: one RedisStore"
+    );
+    let prefix = unique_prefix("conc-two");
+    let two = vec![redis_store(&prefix).await, redis_store(&prefix).await];
+    assert_eq!(
+        total(admitted_by(policy, two, hot).await),
+        expected,
+        "{name}: two RedisStores on one Redis"
+    );
+}
+
+fn hourly(n: u32) -> Quota {
+    Quota::per_hour(NonZeroU32::new(n).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uniform_gate_checks_and_sets_in_one_step_so_racers_get_one_pass() {
+    // Regression: published gates check (TTL) and then set in two round
+    // trips, so racing requests all see an open gate.
+    let gate = Policy::uniform_gate("gate", std::time::Duration::from_secs(3600)).unwrap();
+    admits_exactly(gate, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sliding_log_admits_exactly_the_limit() {
+    admits_exactly(
+        Policy::sliding_log("log", hourly(1000), hourly(LIMIT)),
+        LIMIT as usize,
+    )
+    .await;
+    admits_exactly(
+        Policy::sliding_log("log", hourly(LIMIT), hourly(1000)),
+        LIMIT as usize,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sliding_log_resource_limit_holds_across_many_consumers() {
+    // 20 callers may take 5 each (100), but the resource sells only 50.
+    let policy = Policy::sliding_log("log", hourly(LIMIT), hourly(5));
+    let caller = |i: usize| format!("caller{}", i % 20);
+    let prefix = unique_prefix("conc-many");
+    let stores = vec![redis_store(&prefix).await, redis_store(&prefix).await];
+    let passes = admitted_by(policy, stores, caller).await;
+    assert_eq!(passes.values().sum::<usize>(), LIMIT as usize, "{passes:?}");
+    assert!(passes.values().all(|&n| n <= 5), "{passes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sliding_window_admits_exactly_the_limit() {
+    admits_exactly(
+        Policy::sliding_window("window", hourly(LIMIT)),
+        LIMIT as usize,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gcra_admits_exactly_its_burst() {
+    // One unit per 72 s: nothing refills while the requests race.
+    let burst = NonZeroU32::new(LIMIT).unwrap();
+    admits_exactly(Policy::gcra("gcra", hourly(LIMIT), burst), LIMIT as usize).await;
 }
 
 // ----------------------------------------------------------------------------

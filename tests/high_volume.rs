@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use support::redis::{shared_url, unique_prefix, RedisServer};
+use support::redis::{evalsha_calls, shared_url, unique_prefix, RedisServer};
 use tollgate::{
     HeaderKey, Key, LocalCache, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer,
     RedisStore, Throttle,
@@ -378,22 +378,6 @@ async fn throttling_through_the_layer_serves_sessions_and_refuses_new_callers() 
     assert_eq!(new.headers()["retry-after"], "60");
     assert!(new.headers().get("x-ratelimit-remaining").is_none());
     assert_eq!(throttle.stats().refused, 1);
-}
-
-/// `EVALSHA` calls (client-sent) so far, from `INFO commandstats`.
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_evalsha"))
-        .filter_map(|l| {
-            l.split(',')
-                .find_map(|kv| kv.strip_prefix(":calls=").or(kv.strip_prefix("calls=")))
-        })
-        .filter_map(|n| n.parse::<u64>().ok())
-        .sum()
 }
 
 #[tokio::test]

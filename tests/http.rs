@@ -10,9 +10,10 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use std::num::NonZeroU32;
 use tollgate::{
-    ForwardedIp, HeaderKey, KeyExtractor, ManualClock, MemoryStore, PeerIp, Policy, Quota,
-    RateLimitHeaders, RateLimitLayer, RouteKey,
+    ForwardedIp, HeaderKey, KeyExtractor, LocalCache, ManualClock, MemoryStore, PeerIp, Policy,
+    Quota, RateLimitHeaders, RateLimitLayer, RouteKey, Strategy,
 };
 use tower::ServiceExt;
 
@@ -409,4 +410,185 @@ fn bad_configuration_is_an_error_at_build_time() {
         .deadline(Duration::ZERO)
         .build()
         .is_err());
+}
+
+#[tokio::test]
+async fn every_strategy_sends_the_headers_and_refunds_a_304() {
+    let gcra = Policy::gcra("gcra", quota(1, 1), NonZeroU32::new(2).unwrap());
+    let policies = [
+        Policy::uniform_gate("gate", Duration::from_secs(10)).unwrap(),
+        Policy::sliding_log("log", quota(100, 10), quota(2, 10)),
+        Policy::sliding_window("window", quota(2, 8)),
+        gcra,
+    ];
+    for policy in policies {
+        let clock = ManualClock::new(T0);
+        let name = policy.name().to_owned();
+        let limit = RateLimitLayer::builder()
+            .policy(policy)
+            .store(MemoryStore::with_clock(clock.clone()))
+            .build()
+            .unwrap();
+        let app = app(limit, [192, 0, 2, 20]);
+        let conditional = Request::get("/tiger")
+            .header("if-none-match", "\"t1\"")
+            .body(Body::empty())
+            .unwrap();
+        let (status, headers, _) = send(&app, conditional).await;
+        assert_eq!(status, StatusCode::NOT_MODIFIED, "{name}");
+        let full = h(&headers, "x-ratelimit-limit").to_owned();
+        assert_eq!(
+            h(&headers, "x-ratelimit-remaining"),
+            full,
+            "{name}: refunded"
+        );
+        assert_eq!(h(&headers, "x-ratelimit-used"), "0", "{name}");
+        assert_eq!(h(&headers, "x-ratelimit-resource"), name);
+        // The refund reached the store: the whole limit is still there.
+        for _ in 0..full.parse::<u32>().unwrap() {
+            assert_eq!(send(&app, get_tiger()).await.0, StatusCode::OK, "{name}");
+        }
+        let (status, headers, _) = send(&app, get_tiger()).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{name}");
+        assert_eq!(h(&headers, "x-ratelimit-remaining"), "0", "{name}");
+        assert!(h(&headers, "retry-after").parse::<u64>().unwrap() >= 1);
+    }
+}
+
+#[tokio::test]
+async fn sliding_log_rejections_say_whether_the_resource_or_the_caller_ran_out() {
+    let clock = ManualClock::new(T0);
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::sliding_log(
+            "tigerfeeding",
+            quota(3, 10),
+            quota(2, 10),
+        ))
+        .store(MemoryStore::with_clock(clock.clone()))
+        .key(HeaderKey::new("x-api-key"))
+        .build()
+        .unwrap();
+    let app = app(layer, [192, 0, 2, 21]);
+    let from = |who: &str| {
+        Request::get("/tiger")
+            .header("x-api-key", who)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let scope = |headers: &HeaderMap| h(headers, "x-ratelimit-scope").to_owned();
+
+    let (status, headers, _) = send(&app, from("bob")).await;
+    assert_eq!(
+        (status, scope(&headers)),
+        (StatusCode::OK, "consumer".into())
+    );
+    send(&app, from("bob")).await;
+    let (status, headers, body) = send(&app, from("bob")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(scope(&headers), "consumer");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["scope"], "consumer", "{json}");
+    assert_eq!(json["resource"], "tigerfeeding");
+
+    // Ann takes the resource's third and last ticket; then nobody gets one.
+    let (status, headers, _) = send(&app, from("ann")).await;
+    assert_eq!(
+        (status, scope(&headers)),
+        (StatusCode::OK, "resource".into())
+    );
+    let (status, headers, body) = send(&app, from("cat")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(scope(&headers), "resource");
+    assert_eq!(h(&headers, "x-ratelimit-limit"), "3");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["scope"], "resource", "{json}");
+    assert!(
+        json["message"].as_str().unwrap().contains("all callers"),
+        "{json}"
+    );
+}
+
+#[test]
+fn strategy_parameters_are_checked_at_build_time() {
+    let build = |policy: Policy| RateLimitLayer::builder().policy(policy).build();
+    let err = |policy: Policy| build(policy).unwrap_err().to_string();
+    assert!(
+        err(Policy::new("gate", Strategy::UniformGate, quota(2, 10))).contains("limit must be 1")
+    );
+    assert!(err(Policy::new("log", Strategy::SlidingLog, quota(2, 10))).contains("two quotas"));
+    assert!(err(Policy::sliding_log(
+        "log",
+        quota(2_000_000, 10),
+        quota(2, 10)
+    ))
+    .contains("at most"));
+    let burst = NonZeroU32::new(2).unwrap();
+    assert!(err(Policy::gcra("gcra", quota(1, 1), burst).and(quota(5, 60))).contains("at most 1"));
+    let slow = Policy::gcra("gcra", quota(1, 366 * 24 * 3600), burst);
+    assert!(err(slow).contains("more than a year"));
+    assert!(build(Policy::sliding_window("window", quota(10, 1)).and(quota(100, 60))).is_ok());
+}
+
+#[tokio::test]
+async fn the_local_cache_answers_as_the_store_would_for_every_strategy() {
+    // The cache repeats a rejection (or a pass that spent the last unit)
+    // without asking the store, only where each strategy says the answer
+    // cannot change meanwhile. Replay one trace with and without it.
+    let ms = Duration::from_millis;
+    let policies = [
+        Policy::uniform_gate("gate", ms(700)).unwrap(),
+        Policy::sliding_log("log", quota(4, 2), quota(2, 1)),
+        Policy::sliding_window("window", quota(3, 1)),
+        Policy::gcra("gcra", quota(2, 1), NonZeroU32::new(3).unwrap()),
+    ];
+    for policy in policies {
+        let clock = ManualClock::new(T0);
+        let layer = |cache: bool| {
+            let builder = RateLimitLayer::builder()
+                .policy(policy.clone())
+                .store(MemoryStore::with_clock(clock.clone()))
+                .key(HeaderKey::new("x-api-key"));
+            let builder = match cache {
+                true => builder.local_cache(LocalCache::new(100).clock(clock.clone())),
+                false => builder,
+            };
+            builder.build().unwrap()
+        };
+        let (plain, cached) = (layer(false), layer(true));
+        let (a, b) = (
+            app(plain, [192, 0, 2, 30]),
+            app(cached.clone(), [192, 0, 2, 30]),
+        );
+        let steps = [0, 1, 20, 50, 137, 0, 3, 400];
+        for i in 0..300usize {
+            clock.advance(ms(steps[(i * 7 + i / 5) % steps.len()]));
+            // Runs of four from one caller, so rejections are followed up.
+            let who = ["ann", "bob", "cat"][(i / 4 + i / 13) % 3];
+            let req = || {
+                Request::get("/tiger")
+                    .header("x-api-key", who)
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            let (sa, ha, _) = send(&a, req()).await;
+            let (sb, hb, _) = send(&b, req()).await;
+            let seen = |h: &HeaderMap| {
+                ["retry-after", "x-ratelimit-remaining", "x-ratelimit-reset"]
+                    .map(|n| h.get(n).map(|v| v.to_str().unwrap().to_owned()))
+            };
+            let here = format!("{} step {i} ({who})", policy.name());
+            assert_eq!(sa, sb, "{here}");
+            // Only the sliding log's shared limit can move a rejection's
+            // Retry-After later meanwhile (other callers filling it); the
+            // status stays right, the cached headers are then early.
+            if ha.get("x-ratelimit-scope").is_none_or(|s| s == "consumer") {
+                assert_eq!(seen(&ha), seen(&hb), "{here}");
+            }
+        }
+        assert!(
+            cached.local_cache_hits() > 0,
+            "{}: the cache was used",
+            policy.name()
+        );
+    }
 }

@@ -13,9 +13,9 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use redis::Commands;
-use support::redis::{shared_url, unique_prefix, RedisServer};
+use support::redis::{client_calls, reset_stats, shared_url, unique_prefix, RedisServer};
 use tollgate::{
-    FailurePolicy, Key, Policy, Quota, RateLimitLayer, RedisStore, Store, StoreErrorKind,
+    FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store, StoreErrorKind,
 };
 use tower::ServiceExt;
 
@@ -35,32 +35,30 @@ async fn store_on(url: &str, prefix: &str) -> RedisStore {
         .unwrap()
 }
 
-/// Commands our scripts run inside Redis. `INFO commandstats` counts those
-/// too, so they are left out to see what clients sent.
-const RUN_BY_SCRIPTS: &[&str] = &["time", "hmget", "hset", "pexpire", "hincrby"];
-
-/// Client-sent `calls` per command, from `INFO commandstats`.
-fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .filter(|(name, _)| !["info", "config|resetstat"].contains(&name.as_str()))
-        .filter(|(name, _)| !RUN_BY_SCRIPTS.contains(&name.as_str()))
-        .collect()
-}
-
-fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut server.conn())
-        .unwrap();
+/// One policy per strategy beyond the fixed window, with the longest a key
+/// of it may live (ms): the moment its state stops mattering, plus 1 s.
+fn strategies() -> Vec<(Policy, i64)> {
+    let ten_secs = Quota::new(20, Duration::from_secs(10)).unwrap();
+    vec![
+        (
+            // Costs go up to 3 below: closed for up to 3 spans.
+            Policy::uniform_gate("gate", Duration::from_secs(10)).unwrap(),
+            31_000,
+        ),
+        (
+            Policy::sliding_log("log", per_minute(1000), ten_secs),
+            61_000,
+        ),
+        (
+            Policy::sliding_window("window", ten_secs).and(per_minute(1000)),
+            121_000,
+        ),
+        (
+            // One unit per 60 ms, 50 at once: full again within 3 s.
+            Policy::gcra("gcra", per_minute(1000), NonZeroU32::new(50).unwrap()),
+            4_000,
+        ),
+    ]
 }
 
 #[tokio::test]
@@ -80,7 +78,7 @@ async fn one_decision_is_one_evalsha_and_one_refund_is_one_evalsha() {
     for _ in 0..100 {
         receipts.push(store.check(&policy, &key, 1).await.unwrap().receipt);
     }
-    assert_eq!(command_calls(&server), [("evalsha".to_owned(), 100)].into());
+    assert_eq!(client_calls(&server), [("evalsha".to_owned(), 100)].into());
 
     reset_stats(&server);
     for r in receipts.iter().take(10) {
@@ -88,9 +86,49 @@ async fn one_decision_is_one_evalsha_and_one_refund_is_one_evalsha() {
     }
     store.peek(&policy, &key).await.unwrap();
     assert_eq!(
-        command_calls(&server),
+        client_calls(&server),
         [("evalsha".to_owned(), 10), ("evalsha_ro".to_owned(), 1)].into()
     );
+}
+
+#[tokio::test]
+async fn every_strategy_decides_in_one_evalsha_and_refunds_in_one() {
+    let server = RedisServer::start();
+    let store = store_on(&server.url(), "rt").await;
+    for (policy, _) in strategies() {
+        let warm = store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+        store
+            .refund(&policy, &Key::new("warm"), &warm.receipt)
+            .await
+            .unwrap();
+        store.peek(&policy, &Key::new("warm")).await.unwrap();
+
+        reset_stats(&server);
+        let mut passes = Vec::new();
+        for i in 0..10 {
+            let key = Key::new(format!("k{i}"));
+            let d = store.check(&policy, &key, 1).await.unwrap();
+            assert!(d.allowed, "{}: {d:?}", policy.name());
+            passes.push((key, d.receipt));
+        }
+        let name = policy.strategy().as_str();
+        assert_eq!(
+            client_calls(&server),
+            [("evalsha".to_owned(), 10)].into(),
+            "{name}"
+        );
+
+        reset_stats(&server);
+        for (key, receipt) in &passes {
+            store.refund(&policy, key, receipt).await.unwrap();
+        }
+        store.peek(&policy, &passes[0].0).await.unwrap();
+        assert_eq!(
+            client_calls(&server),
+            [("evalsha".to_owned(), 10), ("evalsha_ro".to_owned(), 1)].into(),
+            "{name}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -110,7 +148,7 @@ async fn a_deadpool_pool_adds_no_ping_per_decision() {
             .await
             .unwrap();
     }
-    assert_eq!(command_calls(&server), [("evalsha".to_owned(), 50)].into());
+    assert_eq!(client_calls(&server), [("evalsha".to_owned(), 50)].into());
 }
 
 #[tokio::test]
@@ -125,7 +163,7 @@ async fn script_flush_is_recovered_without_a_failed_decision() {
         .query(&mut server.conn())
         .unwrap();
     assert_eq!(store.check(&policy, &key, 1).await.unwrap().remaining, 8);
-    let stats = command_calls(&server);
+    let stats = client_calls(&server);
     assert_eq!(
         stats.get("script|load"),
         Some(&2),
@@ -161,6 +199,143 @@ async fn every_key_written_has_an_expiry_one_second_past_its_window() {
             ttl > window_ms - 1_000 && ttl <= window_ms + 1_000,
             "{key} has PTTL {ttl}"
         );
+    }
+}
+
+/// Every key under `prefix`, with its PTTL in ms.
+fn ttls(url: &str, prefix: &str) -> Vec<(String, i64)> {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = conn
+        .scan_match(format!("{prefix}:*"))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    keys.into_iter()
+        .map(|k| {
+            let ttl: i64 = conn.pttl(&k).unwrap();
+            (k, ttl)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn consumer_keys_get_an_expiry() {
+    // Regression: published sliding logs expire the resource's key but write
+    // consumer keys without expiry, so memory grows with every caller ever
+    // seen. Here both expire one second after their newest entry leaves the
+    // window (on Redis TIME, as in production).
+    let url = shared_url();
+    let prefix = unique_prefix("logttl");
+    let store = store_on(&url, &prefix).await;
+    let policy = Policy::sliding_log(
+        "tigerfeeding",
+        per_minute(100),
+        Quota::new(3, Duration::from_secs(10)).unwrap(),
+    );
+    for i in 0..21 {
+        let key = Key::new(format!("caller{}", i % 7));
+        let d = store.check(&policy, &key, 1).await.unwrap();
+        if i % 5 == 0 && d.allowed {
+            store.refund(&policy, &key, &d.receipt).await.unwrap();
+        }
+    }
+    let keys = ttls(&url, &prefix);
+    assert_eq!(keys.len(), 8, "the resource and 7 consumers: {keys:?}");
+    for (key, ttl) in keys {
+        let window_ms = if key.ends_with(":resource") {
+            60_000
+        } else {
+            10_000
+        };
+        assert!(
+            ttl > window_ms - 1_000 && ttl <= window_ms + 1_000,
+            "{key} has PTTL {ttl}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_key_of_every_strategy_has_an_expiry() {
+    let url = shared_url();
+    let prefix = unique_prefix("allttl");
+    let store = store_on(&url, &prefix).await;
+    for (policy, longest) in strategies() {
+        for i in 0..30 {
+            let key = Key::new(format!("caller{}", i % 7));
+            let d = store.check(&policy, &key, 1 + i % 3).await.unwrap();
+            if i % 4 == 0 && d.allowed {
+                store.refund(&policy, &key, &d.receipt).await.unwrap();
+            }
+        }
+        let name = policy.strategy().as_str();
+        let keys: Vec<_> = ttls(&url, &prefix)
+            .into_iter()
+            .filter(|(k, _)| k.contains(&format!(":{name}:")))
+            .collect();
+        assert!(!keys.is_empty(), "{name} wrote no key");
+        for (key, ttl) in keys {
+            assert!(ttl > 0 && ttl <= longest, "{key} has PTTL {ttl}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn sliding_log_scores_do_not_concatenate_seconds_and_micros() {
+    // Regression: published logs build the score by gluing TIME's seconds
+    // and microseconds together as strings, so 5,000 µs (four digits) gives
+    // 17000000005000 instead of 1700000000005000. Redis TIME cannot be set,
+    // so the real script runs here under a `redis` whose TIME answers
+    // 1700000000 s and 5000 µs; every other command goes to Redis.
+    let shim = "local real = redis\n\
+        local redis = setmetatable({ call = function(cmd, ...)\n\
+          if cmd == 'TIME' then return {'1700000000', '5000'} end\n\
+          return real.call(cmd, ...)\n\
+        end }, { __index = real })\n";
+    let source = format!("{shim}{}", include_str!("../lua/sliding_log.lua"));
+    let prefix = unique_prefix("concat");
+    let keys = [
+        format!("{prefix}:{{log}}:resource"),
+        format!("{prefix}:{{log}}:consumer:bob"),
+    ];
+    let mut conn = redis::Client::open(shared_url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // now = -1 (Redis TIME), cost 1, request id 42, 100 and 3 per 10 s.
+    let reply: Vec<i64> = redis::cmd("EVAL")
+        .arg(source)
+        .arg(2)
+        .arg(&keys)
+        .arg(&["-1", "1", "42", "100", "10000000", "3", "10000000"])
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(reply[0], 1, "allowed: {reply:?}");
+    assert_eq!(reply[5], 1_700_000_000_005_000, "now, in µs");
+    for key in &keys {
+        let score: Option<f64> = conn.zscore(key, "1700000000005000:42:0").unwrap();
+        assert_eq!(score, Some(1_700_000_000_005_000.0), "{key}");
+        let _: () = conn.del(key).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_receipt_without_stamps_is_never_a_panic() {
+    // Receipt::new is public: a refund may carry anything.
+    let memory = tollgate::MemoryStore::new();
+    let redis = store_on(&shared_url(), &unique_prefix("stampless")).await;
+    for (policy, _) in strategies() {
+        let key = Key::new("bob");
+        for store in [&memory as &dyn Store, &redis] {
+            store.check(&policy, &key, 1).await.unwrap();
+            // Ok or a store error, never a panic or a changed decision.
+            let _ = store.refund(&policy, &key, &Receipt::new(1, vec![])).await;
+            let _ = store.refund(&policy, &key, &Receipt::new(2, vec![7])).await;
+        }
+        let (m, r) = (
+            memory.peek(&policy, &key).await.unwrap(),
+            redis.peek(&policy, &key).await.unwrap(),
+        );
+        assert_eq!(m.remaining, r.remaining, "{}", policy.name());
     }
 }
 

@@ -438,31 +438,6 @@ async fn futures_join_all<F: Future<Output = Result<Response<Body>, std::convert
 
 // ------------------------------------------------------------------- in Redis
 
-/// Client-sent `calls` per command, from `INFO commandstats` (commands run
-/// by scripts are counted too, so only EVALSHA-family ones are kept).
-fn evalsha_calls(server: &support::redis::RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha"))
-        .filter_map(|l| l.split(',').find_map(|kv| kv.split_once("calls=")))
-        .map(|(_, n)| n.parse::<u64>().unwrap())
-        .sum()
-}
-
-fn all_calls(server: &support::redis::RedisServer) -> Vec<String> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .map(|l| l.split(':').next().unwrap().to_owned())
-        .collect()
-}
-
 #[tokio::test]
 async fn each_decision_and_each_give_back_is_one_evalsha_and_every_key_expires() {
     let server = support::redis::RedisServer::start();
@@ -502,7 +477,7 @@ async fn each_decision_and_each_give_back_is_one_evalsha_and_every_key_expires()
         assert!(d.allowed);
         store.refund(&slots, &key, &d.receipt).await.unwrap();
     }
-    assert_eq!(evalsha_calls(&server), 40);
+    assert_eq!(support::redis::evalsha_calls(&server), 40);
     let held = store.check(&leaky, &key, 3).await.unwrap();
     let slot = store.check(&slots, &key, 1).await.unwrap();
     assert!(held.allowed && slot.allowed);
@@ -519,7 +494,7 @@ async fn each_decision_and_each_give_back_is_one_evalsha_and_every_key_expires()
             assert!((29_000..=30_000).contains(&ttl), "{k}: {ttl}");
         }
     }
-    let calls = all_calls(&server);
+    let calls: Vec<String> = support::redis::command_calls(&server).into_keys().collect();
     assert!(
         !calls.iter().any(|c| c.starts_with("script")),
         "no reloads: {calls:?}"

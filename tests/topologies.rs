@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use support::conformance::{Backend, T0};
+pub use support::redis::{client_calls, reset_stats};
 use support::redis::{start_replica_of, unique_prefix, RedisCluster, RedisServer};
 use tollgate::{ManualClock, RedisStore, Shard};
 
@@ -140,40 +141,12 @@ mod sharded_conformance {
     crate::conformance_suite!(crate::sharded_backend);
 }
 
-/// Commands our scripts run inside Redis. `INFO commandstats` counts those
-/// too, so they are left out to see what clients sent.
-const RUN_BY_SCRIPTS: &[&str] = &["time", "hmget", "hset", "pexpire", "hincrby"];
-
-/// Client-sent `calls` per command on `server`, from `INFO commandstats`.
-pub fn command_calls(server: &RedisServer) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .filter(|(name, _)| !["info", "config|resetstat"].contains(&name.as_str()))
-        .filter(|(name, _)| !RUN_BY_SCRIPTS.contains(&name.as_str()))
-        .collect()
-}
-
 /// Calls of the script commands alone (`evalsha`, `evalsha_ro`, `eval`, ...).
 pub fn script_calls(server: &RedisServer) -> BTreeMap<String, u64> {
-    command_calls(server)
+    client_calls(server)
         .into_iter()
         .filter(|(name, _)| name.starts_with("eval") || name.starts_with("script"))
         .collect()
-}
-
-pub fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut server.conn())
-        .unwrap();
 }
 
 /// The SHA1 of a script as the store sends it.

@@ -36,7 +36,16 @@ const SWEEP_EVERY_MICROS: u64 = 100_000;
 /// | fixed window | until the window's reset | until the window's reset |
 /// | leaky bucket | until `Retry-After` (the level only drains at the rate) | no: a place frees one interval later |
 /// | concurrency | no: a finishing request frees a slot at any time | no |
-/// | sliding windows, GCRA (not yet in tollgate) | would be: until `Retry-After` | no |
+/// | uniform gate | until it reopens (`Retry-After`) | until it reopens (`Reset`) |
+/// | sliding log, sliding window, GCRA | until `Retry-After` (entries leave, the previous window decays, the bucket refills only with time) | no: one unit frees before `Reset` |
+///
+/// A cached rejection keeps the store's `X-RateLimit-Used`, which for the
+/// sliding window and GCRA would have drifted down meanwhile. A sliding log's
+/// rejection is cached per caller, but its resource limit is shared: other
+/// callers filling it meanwhile keep this caller out longer than the cached
+/// `Retry-After` says (the store then rejects again, with the later time),
+/// and another caller's refund of the shared resource is not seen (see
+/// refunds below).
 ///
 /// Each strategy says so through `Strategy::rejection_is_stable` and
 /// `Strategy::exhaustion_is_stable`, which a new strategy must answer.

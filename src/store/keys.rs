@@ -1,7 +1,10 @@
 //! Store key names, shared by every backend.
 //!
 //! All keys of one decision share the hash tag `{policy|key}`, so they live in
-//! one Redis Cluster slot and in one memory-store shard. [`Key`] escapes braces
+//! one Redis Cluster slot and in one memory-store shard. A strategy with a
+//! limit shared by every caller (the sliding log) tags all of a policy's keys
+//! `{policy}` instead: `{prefix}:{{policy}}:sliding_log:resource` and
+//! `{prefix}:{{policy}}:sliding_log:consumer:{key}`. [`Key`] escapes braces
 //! and `|`, and policy names and prefixes cannot contain them, so no caller
 //! can choose another caller's tag.
 
@@ -38,13 +41,24 @@ impl KeySpace {
         Ok(Self { prefix })
     }
 
-    /// `{prefix}:{{policy|key}}`: the part every key of one decision shares.
+    /// `{prefix}:{{policy|key}}`: the part every key of one decision shares;
+    /// `{prefix}:{{policy}}` when a quota is shared by every caller.
     pub(crate) fn tag(&self, policy: &Policy, key: &Key) -> String {
+        if policy.strategy().has_resource_quota() {
+            let name = policy.name();
+            let mut tag = String::with_capacity(self.prefix.len() + name.len() + 3);
+            tag.push_str(&self.prefix);
+            tag.push_str(":{");
+            tag.push_str(name);
+            tag.push('}');
+            return tag;
+        }
         self.tag_with_room(policy, key, 0)
     }
 
-    /// The tag in a string with `room` bytes to spare. Built with `push_str`:
-    /// `format!` was the memory store's largest cost per decision.
+    /// `{prefix}:{{policy|key}}` in a string with `room` bytes to spare.
+    /// Built with `push_str`: `format!` was the memory store's largest cost
+    /// per decision.
     fn tag_with_room(&self, policy: &Policy, key: &Key, room: usize) -> String {
         let (name, key) = (policy.name(), key.as_str());
         let mut tag = String::with_capacity(self.prefix.len() + name.len() + key.len() + 4 + room);
@@ -67,6 +81,14 @@ impl KeySpace {
     /// strategy never reads another algorithm's state.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
         let strategy = policy.strategy().as_str();
+        if policy.strategy().has_resource_quota() {
+            let tag = self.tag(policy, key);
+            // The resource's log, then this consumer's (quota 0, quota 1).
+            return vec![
+                format!("{tag}:{strategy}:resource"),
+                format!("{tag}:{strategy}:consumer:{}", key.as_str()),
+            ];
+        }
         let count = policy.quotas().len();
         // ":{strategy}:{i}", with i < 10 for every strategy's quota limit.
         let suffix = strategy.len() + 4;
@@ -117,6 +139,20 @@ mod tests {
             );
         }
         assert!(KeySpace::new("a{b").is_err());
+    }
+
+    #[test]
+    fn a_sliding_logs_resource_and_consumer_keys_share_the_policys_tag() {
+        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
+        let policy = Policy::sliding_log("tigerfeeding", q, q);
+        let keys = KeySpace::default().quota_keys(&policy, &Key::new("{bob}"));
+        assert_eq!(
+            keys,
+            [
+                "tollgate:{tigerfeeding}:sliding_log:resource",
+                "tollgate:{tigerfeeding}:sliding_log:consumer:%7Bbob%7D",
+            ]
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@ use crate::key::Key;
 use crate::quota::Policy;
 use crate::strategy::concurrency::{self, InFlight};
 use crate::strategy::fixed_window::{self, Window, EXPIRY_GRACE_MICROS};
-use crate::strategy::{leaky_bucket, Strategy};
+use crate::strategy::sliding_log::{self, Log};
+use crate::strategy::sliding_window::{self, Counter};
+use crate::strategy::{gcra, leaky_bucket, uniform_gate, Strategy};
 
 const SHARDS: usize = 64;
 /// How often a shard drops expired entries, in µs of its clock.
@@ -28,9 +30,13 @@ const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 /// **Memory.** Entries expire like the Redis keys: a fixed window one second
 /// after it ends, a leaky bucket one second after it empties, a concurrency
 /// set one timeout after its last admission (and it never holds more than
-/// `limit` slots). Each shard drops expired entries at most once per second
-/// of its clock, when it is next used. Memory is bounded by the callers
-/// active within that time.
+/// `limit` slots), a uniform gate one second after it reopens, a GCRA bucket
+/// one second after it is full again, a sliding-window counter one second
+/// after the end of the window after its current one, and a sliding log one
+/// second after its newest entry leaves the window (it never holds more than
+/// its limit, one entry per unit). Each shard drops expired entries at most
+/// once per second of its clock, when it is next used. Memory is bounded by
+/// the callers active within that time.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -76,6 +82,14 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub(crate) enum State {
     Window(Window),
+    /// A uniform gate: when it opens again, µs.
+    Gate(u64),
+    /// A sliding log (resource or consumer).
+    Log(Log),
+    /// A sliding-window counter.
+    Counter(Counter),
+    /// A GCRA bucket's theoretical arrival time, µs.
+    Tat(u64),
     /// A leaky bucket's `next_free`, µs.
     Leaky(u64),
     InFlight(InFlight),
@@ -142,7 +156,7 @@ impl MemoryStore {
     fn decide(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
         let tag = self.inner.keys.tag(policy, key);
         let keys = self.inner.keys.quota_keys(policy, key);
-        self.with_shard(&tag, |shard, now| match policy.strategy() {
+        let decision = self.with_shard(&tag, |shard, now| match policy.strategy() {
             Strategy::FixedWindow => {
                 let mut windows: Vec<Option<Window>> = keys
                     .iter()
@@ -158,6 +172,78 @@ impl MemoryStore {
                             shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
                         }
                     }
+                }
+                decision
+            }
+            Strategy::UniformGate => {
+                let quota = &policy.quotas()[0];
+                let mut gate = match shard.get(&keys[0], now) {
+                    Some(State::Gate(at)) => Some(*at),
+                    _ => None,
+                };
+                let decision = uniform_gate::check(&mut gate, quota, now, cost);
+                if let (true, Some(at)) = (decision.allowed && cost > 0, gate) {
+                    shard.put(&keys[0], State::Gate(at), at + EXPIRY_GRACE_MICROS);
+                }
+                decision
+            }
+            Strategy::SlidingLog => {
+                // Logs can be long: take them out of the shard, not copies.
+                let taken: Vec<(Log, Option<u64>)> = keys
+                    .iter()
+                    .map(|k| match shard.take(k, now) {
+                        Some((State::Log(log), expires_at)) => (log, Some(expires_at)),
+                        _ => (Log::default(), None),
+                    })
+                    .collect();
+                let (mut logs, expiries): (Vec<Log>, Vec<Option<u64>>) = taken.into_iter().unzip();
+                let id = sliding_log::request_id();
+                let decision = sliding_log::check(&mut logs, policy.quotas(), now, cost, id);
+                let charged = decision.allowed && cost > 0;
+                for ((k, log), (q, expires_at)) in keys
+                    .iter()
+                    .zip(logs)
+                    .zip(policy.quotas().iter().zip(expiries))
+                {
+                    let expires_at = match (charged, log.newest()) {
+                        (true, Some(newest)) => {
+                            Some(newest + q.window_micros() + EXPIRY_GRACE_MICROS)
+                        }
+                        _ => expires_at,
+                    };
+                    if let Some(expires_at) = expires_at.filter(|_| !log.is_empty()) {
+                        shard.put(k, State::Log(log), expires_at);
+                    }
+                }
+                decision
+            }
+            Strategy::SlidingWindow => {
+                let mut counters: Vec<Option<Counter>> = keys
+                    .iter()
+                    .map(|k| match shard.get(k, now) {
+                        Some(State::Counter(c)) => Some(*c),
+                        _ => None,
+                    })
+                    .collect();
+                let decision = sliding_window::check(&mut counters, policy.quotas(), now, cost);
+                if decision.allowed && cost > 0 {
+                    for ((k, c), q) in keys.iter().zip(counters).zip(policy.quotas()) {
+                        if let Some(c) = c {
+                            let expires_at = c.stale_at(q.window_micros()) + EXPIRY_GRACE_MICROS;
+                            shard.put(k, State::Counter(c), expires_at);
+                        }
+                    }
+                }
+                decision
+            }
+            Strategy::Gcra { burst } => {
+                let mut tat = match shard.get(&keys[0], now) {
+                    Some(State::Tat(at)) => Some(*at),
+                    _ => None,
+                };
+                let decision = gcra::check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
+                if let (true, Some(at)) = (decision.allowed && cost > 0, tat) {
+                    shard.put(&keys[0], State::Tat(at), at + EXPIRY_GRACE_MICROS);
                 }
                 decision
             }
@@ -190,7 +276,9 @@ impl MemoryStore {
                 }
                 d
             }
-        })
+        });
+        let scope = policy.strategy().scope_of(decision.quota);
+        decision.scoped(scope)
     }
 
     fn give_back(&self, policy: &Policy, key: &Key, receipt: &Receipt) {
@@ -209,6 +297,45 @@ impl MemoryStore {
                             *w = refunded;
                         }
                     }
+                }
+            }
+            Strategy::UniformGate => {
+                let stamp = receipt.stamps().first();
+                if let (Some(State::Gate(at)), Some(&stamp)) = (shard.get(&keys[0], now), stamp) {
+                    let mut gate = Some(*at);
+                    uniform_gate::refund(&mut gate, stamp);
+                    if gate.is_none() {
+                        shard.remove(&keys[0]);
+                    }
+                }
+            }
+            Strategy::SlidingLog => {
+                for k in &keys {
+                    if let Some(State::Log(log)) = shard.get_mut(k, now) {
+                        sliding_log::refund(
+                            std::slice::from_mut(log),
+                            receipt.stamps(),
+                            receipt.cost(),
+                        );
+                    }
+                }
+            }
+            Strategy::SlidingWindow => {
+                for ((k, q), stamp) in keys.iter().zip(policy.quotas()).zip(receipt.stamps()) {
+                    if let Some(State::Counter(c)) = shard.get_mut(k, now) {
+                        let mut slot = [Some(*c)];
+                        sliding_window::refund(&mut slot, &[*q], &[*stamp], receipt.cost());
+                        *c = slot[0].unwrap_or(*c);
+                    }
+                }
+            }
+            Strategy::Gcra { .. } => {
+                let stamp = receipt.stamps().first();
+                if let (Some(State::Tat(at)), Some(&stamp)) = (shard.get_mut(&keys[0], now), stamp)
+                {
+                    let mut tat = Some(*at);
+                    gcra::refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
+                    *at = tat.unwrap_or(*at);
                 }
             }
             Strategy::LeakyBucket { .. } => {
@@ -257,6 +384,16 @@ impl Shard {
         }
     }
 
+    /// Removes the live entry under `key`, with its expiry (µs).
+    pub(crate) fn take(&mut self, key: &str, now: u64) -> Option<(State, u64)> {
+        let entry = self.entries.remove(key)?;
+        (entry.expires_at > now).then_some((entry.state, entry.expires_at))
+    }
+
+    pub(crate) fn remove(&mut self, key: &str) {
+        self.entries.remove(key);
+    }
+
     fn sweep(&mut self, now: u64) {
         self.entries.retain(|_, e| e.expires_at > now);
         self.next_sweep = now + SWEEP_EVERY_MICROS;
@@ -297,5 +434,64 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.give_back(policy, key, receipt);
         Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::quota::Quota;
+    use std::time::Duration;
+
+    fn check(store: &MemoryStore, policy: &Policy, key: &str) -> Decision {
+        store.decide(policy, &Key::new(key), 1)
+    }
+
+    #[test]
+    fn expired_entries_are_swept_so_memory_follows_active_callers() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let policy = Policy::fixed_window("core", Quota::new(5, Duration::from_secs(10)).unwrap());
+        for i in 0..10_000 {
+            check(&store, &policy, &format!("caller{i}"));
+        }
+        let held: usize = store
+            .inner
+            .shards
+            .iter()
+            .map(|s| lock(s).entries.len())
+            .sum();
+        assert_eq!(held, 10_000);
+
+        // One second past the windows' end the entries are dead; the next use
+        // of each shard drops them without anyone calling len(). (5,000 keys
+        // miss one of the 64 shards with odds of about 1e-34.)
+        clock.advance(Duration::from_secs(11));
+        for i in 0..5_000 {
+            check(&store, &policy, &format!("newcomer{i}"));
+        }
+        let held: usize = store
+            .inner
+            .shards
+            .iter()
+            .map(|s| lock(s).entries.len())
+            .sum();
+        assert_eq!(held, 5_000, "only the live callers are kept");
+        assert_eq!(store.len(), 5_000);
+    }
+
+    #[test]
+    fn an_expired_entry_reads_as_absent_before_it_is_swept() {
+        let clock = ManualClock::new(1_000_000_000);
+        let store = MemoryStore::with_clock(clock.clone());
+        let policy = Policy::fixed_window("core", Quota::new(1, Duration::from_secs(10)).unwrap());
+        assert!(check(&store, &policy, "bob").allowed);
+        assert!(!check(&store, &policy, "bob").allowed);
+        clock.advance(Duration::from_secs(10));
+        assert!(
+            check(&store, &policy, "bob").allowed,
+            "a new window, swept or not"
+        );
     }
 }

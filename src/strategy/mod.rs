@@ -6,14 +6,28 @@
 
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
+pub(crate) mod gcra;
 pub(crate) mod leaky_bucket;
+pub(crate) mod sliding_log;
+pub(crate) mod sliding_window;
+pub(crate) mod uniform_gate;
 
 use std::num::NonZeroU32;
 
+use crate::decision::Scope;
 use crate::error::ConfigError;
 use crate::quota::Quota;
 
+/// The longest any state may matter: a year and a day, in µs.
+pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
+
 /// Which algorithm a [`Policy`](crate::Policy) uses.
+///
+/// Each variant documents what `X-RateLimit-Remaining` and `-Reset` mean for
+/// it, and what it costs in Redis. The constructors on
+/// [`Policy`](crate::Policy) (`fixed_window`, `uniform_gate`, `sliding_log`,
+/// `sliding_window`, `gcra`, `leaky_bucket`, `concurrency`) are the usual way
+/// to pick one.
 ///
 /// ```
 /// use std::num::NonZeroU32;
@@ -22,6 +36,7 @@ use crate::quota::Quota;
 /// let capacity = NonZeroU32::new(10).unwrap();
 /// assert_eq!(Strategy::LeakyBucket { capacity }.as_str(), "leaky_bucket");
 /// assert_eq!(Strategy::Concurrency.as_str(), "concurrency");
+/// assert_eq!(Strategy::Gcra { burst: NonZeroU32::new(5).unwrap() }.as_str(), "gcra");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -32,6 +47,39 @@ pub enum Strategy {
     /// Costs one `EVALSHA` (an `HMGET`, and for a pass `HSET` + `PEXPIRE` per
     /// quota) and one small hash per quota and key.
     FixedWindow,
+    /// One call per caller per span (the quota's window; its limit must be 1).
+    /// A pass closes the gate until `now + cost × span`, to the microsecond.
+    /// `Remaining` is 1 while open, 0 while closed; `Reset` is when it opens
+    /// again. Costs one `EVALSHA` running one `SET NX PX GET` (a second `SET`
+    /// only when a stale value outlived its time) and one short string per key.
+    UniformGate,
+    /// An exact sliding-window log with two limits at once: quota 0 is shared
+    /// by every caller of the resource, quota 1 is each caller's own. Both
+    /// logs are checked and charged together, or neither is. `Remaining` is
+    /// what is left of the tighter limit; `Reset` is when that log is empty
+    /// again (its newest entry leaves the window). Costs one `EVALSHA` (per
+    /// log a `ZCOUNT` and a `ZRANGE`; on a pass `ZREMRANGEBYSCORE`, `ZADD`,
+    /// `PEXPIRE`), and one sorted-set entry per unit spent in the window, so
+    /// at most `limit` entries per log.
+    SlidingLog,
+    /// Cloudflare's sliding-window counter: two fixed-window counters (the
+    /// windows aligned on the epoch), the previous one weighted by how much
+    /// of it the sliding window still covers. `Remaining` is the limit minus
+    /// that estimate, rounded down; `Reset` is when the estimate is back to
+    /// zero (the end of the next window once this one has a charge).
+    /// Costs one `EVALSHA` (`HMGET`; on a pass `HSET` + `PEXPIRE` per quota)
+    /// and one three-field hash per quota and key, whatever the traffic.
+    SlidingWindow,
+    /// The generic cell rate algorithm, a token bucket as in redis-cell: the
+    /// quota's rate (`limit` per `window`) refills a bucket of `burst` units.
+    /// `Remaining` is how many units could pass right now; `Reset` is when the
+    /// bucket is full again (the theoretical arrival time). Costs one
+    /// `EVALSHA` (`GET`; on a pass `SET PX`) and one short string per key.
+    Gcra {
+        /// How many units may pass at once from a full bucket (redis-cell's
+        /// `max_burst + 1`), and `X-RateLimit-Limit`.
+        burst: NonZeroU32,
+    },
     /// A leaky bucket that shapes traffic: requests leave at the quota's
     /// rate (one every `window / limit`, rounded up to the microsecond, so
     /// never faster), across all app servers. A request that finds the
@@ -85,6 +133,10 @@ impl Strategy {
     pub fn as_str(&self) -> &'static str {
         match self {
             Strategy::FixedWindow => "fixed_window",
+            Strategy::UniformGate => "uniform_gate",
+            Strategy::SlidingLog => "sliding_log",
+            Strategy::SlidingWindow => "sliding_window",
+            Strategy::Gcra { .. } => "gcra",
             Strategy::LeakyBucket { .. } => "leaky_bucket",
             Strategy::Concurrency => "concurrency",
         }
@@ -94,8 +146,26 @@ impl Strategy {
     pub(crate) fn max_quotas(&self) -> usize {
         match self {
             Strategy::FixedWindow => 8,
+            Strategy::UniformGate => 1,
+            Strategy::SlidingLog => 2,
+            Strategy::SlidingWindow => 8,
+            Strategy::Gcra { .. } => 1,
             Strategy::LeakyBucket { .. } | Strategy::Concurrency => 1,
         }
+    }
+
+    /// Whose budget quota `i` is.
+    pub(crate) fn scope_of(&self, quota: usize) -> Scope {
+        match self {
+            Strategy::SlidingLog if quota == sliding_log::RESOURCE => Scope::Resource,
+            _ => Scope::Consumer,
+        }
+    }
+
+    /// Whether some quota is shared by every caller: then all keys of the
+    /// policy share one hash tag (one Redis Cluster slot, one memory shard).
+    pub(crate) fn has_resource_quota(&self) -> bool {
+        matches!(self, Strategy::SlidingLog)
     }
 
     /// Whether a rejection stays true until its `retry_after` for requests
@@ -103,22 +173,32 @@ impl Strategy {
     /// aside), so the layer's local cache may repeat it without the store.
     /// Fixed window: nothing is spent back before reset. Leaky bucket: the
     /// level only drains at the rate, and only other requests raise it.
-    /// Concurrency: no, a slot frees whenever a response ends. (Sliding
-    /// windows and GCRA would be yes, for the same reason as the bucket.)
+    /// Concurrency: no, a slot frees whenever a response ends. Uniform gate:
+    /// only time reopens it. Sliding log, sliding window, GCRA: entries leave,
+    /// the previous window decays and the bucket refills only with time, and
+    /// other requests only add to them, so the first moment the request fits
+    /// can only move later.
     pub(crate) fn rejection_is_stable(&self) -> bool {
         match self {
             Strategy::FixedWindow | Strategy::LeakyBucket { .. } => true,
+            Strategy::UniformGate | Strategy::SlidingLog => true,
+            Strategy::SlidingWindow | Strategy::Gcra { .. } => true,
             Strategy::Concurrency => false,
         }
     }
 
     /// Whether a pass with nothing left means every request is rejected
-    /// until `reset_at`. Fixed window: yes. Leaky bucket: no, a place frees
-    /// one interval later, long before the bucket is empty. Concurrency: no.
+    /// until `reset_at`. Fixed window: yes. Uniform gate: yes, it reopens at
+    /// `reset_at`. Leaky bucket: no, a place frees one interval later, long
+    /// before the bucket is empty. Concurrency: no. Sliding log, sliding
+    /// window, GCRA: no, `reset_at` is when the limit is whole again, but one
+    /// unit frees earlier (the oldest entry leaves, the previous window
+    /// decays, one emission interval passes).
     pub(crate) fn exhaustion_is_stable(&self) -> bool {
         match self {
-            Strategy::FixedWindow => true,
+            Strategy::FixedWindow | Strategy::UniformGate => true,
             Strategy::LeakyBucket { .. } | Strategy::Concurrency => false,
+            Strategy::SlidingLog | Strategy::SlidingWindow | Strategy::Gcra { .. } => false,
         }
     }
 
@@ -130,7 +210,10 @@ impl Strategy {
 
     pub(crate) fn validate(&self, quotas: &[Quota]) -> Result<(), ConfigError> {
         match self {
-            Strategy::FixedWindow | Strategy::Concurrency => Ok(()),
+            Strategy::FixedWindow | Strategy::SlidingWindow | Strategy::Concurrency => Ok(()),
+            Strategy::UniformGate => uniform_gate::validate(quotas),
+            Strategy::SlidingLog => sliding_log::validate(quotas),
+            Strategy::Gcra { burst } => gcra::validate(quotas, *burst),
             Strategy::LeakyBucket { capacity } => quotas
                 .iter()
                 .try_for_each(|q| leaky_bucket::validate(q, *capacity)),

@@ -64,6 +64,25 @@ pub enum Expect {
 pub use Expect::{Done, Limited, Pass, Wait};
 pub use Op::{Check, Peek, Refund};
 
+/// [`Expect::Pass`] in one short line: `remaining` left, reset at `reset_ms`.
+pub const fn pass(remaining: u64, reset_ms: u64) -> Expect {
+    Expect::Pass {
+        remaining,
+        reset_ms,
+    }
+}
+
+/// [`Expect::Limited`] in one short line.
+pub const fn limited(reset_ms: u64, retry_ms: u64) -> Expect {
+    Expect::Limited { reset_ms, retry_ms }
+}
+
+// Each strategy's cases, beside this file.
+pub mod gcra;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod uniform_gate;
+
 /// One row: at `at_ms` after `T0`, do `op`, expect `expect`.
 pub type Step = (u64, Op, Expect);
 
@@ -1458,6 +1477,34 @@ macro_rules! conformance_suite {
             refund_gives_back_inside_the_window_only,
             several_quotas_are_all_or_nothing,
             count_above_a_lowered_limit_keeps_rejecting,
+        );
+        $crate::conformance_suite!(@cases $factory; uniform_gate;
+            one_call_per_caller_per_span,
+            uniform_gate_is_not_open_a_second_early_like_ttl_checks,
+            cost_closes_for_that_many_spans_and_peek_charges_nothing,
+            refund_reopens_only_for_its_own_pass,
+        );
+        $crate::conformance_suite!(@cases $factory; sliding_log;
+            resource_and_consumer_limits_both_apply_and_say_which_rejected,
+            the_window_slides_to_the_microsecond,
+            sliding_log_members_do_not_collide_on_equal_microseconds,
+            limit_compares_with_ge_not_eq,
+            cost_counts_units_and_cost_above_the_limit_is_rejected,
+            peek_and_refund_touch_only_their_own_entries,
+        );
+        $crate::conformance_suite!(@cases $factory; sliding_window;
+            the_previous_window_weighs_by_its_overlap,
+            peek_and_cost,
+            several_quotas_are_all_or_nothing,
+            refund_goes_back_to_the_charged_window,
+            count_above_a_lowered_limit_keeps_rejecting,
+        );
+        $crate::conformance_suite!(@cases $factory; gcra;
+            a_full_bucket_passes_its_burst_then_one_per_interval,
+            cost_and_peek,
+            refund_moves_tat_back_but_never_before_its_charge,
+            a_lowered_burst_keeps_rejecting,
+            emission_interval_rounds_up_to_whole_microseconds,
         );
         $crate::conformance_suite!(@cases $factory; leaky_bucket;
             a_burst_is_queued_at_the_rate_then_rejected,

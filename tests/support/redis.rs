@@ -1060,3 +1060,84 @@ impl SentinelSet {
         addr?.1.parse().ok()
     }
 }
+
+// ------------------------------------------------------------ command counts
+
+/// Calls per command from `INFO commandstats` (subcommands as Redis names
+/// them, e.g. `script|load`), leaving out the `INFO` and `CONFIG RESETSTAT`
+/// that measuring itself sends. Counts commands run inside scripts too.
+pub fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .filter(|(name, _)| !["info", "config|resetstat"].contains(&name.as_str()))
+        .collect()
+}
+
+/// What clients sent: [`command_calls`] without the commands our Lua
+/// scripts run inside Redis, which `INFO commandstats` counts as well. The
+/// list is read from `lua/*.lua`, so a script that starts using a command
+/// can never make a test count it as a round trip.
+pub fn client_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+    command_calls(server)
+        .into_iter()
+        .filter(|(name, _)| {
+            let base = name.split('|').next().unwrap_or(name);
+            !commands_run_by_scripts().contains(base)
+        })
+        .collect()
+}
+
+/// `EVALSHA` plus `EVALSHA_RO` calls: one per decision, refund or peek.
+pub fn evalsha_calls(server: &RedisServer) -> u64 {
+    let calls = command_calls(server);
+    calls.get("evalsha").copied().unwrap_or(0) + calls.get("evalsha_ro").copied().unwrap_or(0)
+}
+
+/// Zeroes `INFO commandstats`.
+pub fn reset_stats(server: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.conn())
+        .unwrap();
+}
+
+/// Every command named in a `redis.call(..)` or `redis.pcall(..)` in `lua/`,
+/// lower-cased as `INFO commandstats` names them.
+pub fn commands_run_by_scripts() -> &'static std::collections::BTreeSet<String> {
+    static COMMANDS: OnceLock<std::collections::BTreeSet<String>> = OnceLock::new();
+    COMMANDS.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut commands = std::collections::BTreeSet::new();
+        for entry in fs::read_dir(&dir).expect("lua/ is readable") {
+            let source = fs::read_to_string(entry.unwrap().path()).unwrap();
+            for call in source.split("redis.").skip(1) {
+                let Some(args) = call
+                    .strip_prefix("call(")
+                    .or_else(|| call.strip_prefix("pcall("))
+                else {
+                    continue;
+                };
+                let quoted = args.trim_start();
+                let Some(quote) = quoted.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+                    continue;
+                };
+                if let Some(name) = quoted[1..].split(quote).next() {
+                    commands.insert(name.to_ascii_lowercase());
+                }
+            }
+        }
+        assert!(
+            commands.contains("time"),
+            "no redis.call found in {dir:?}: {commands:?}"
+        );
+        commands
+    })
+}

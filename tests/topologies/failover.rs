@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::load::{app, Load, Outcome, Report};
 use crate::support::redis::{unique_prefix, RedisCluster};
-use crate::{command_calls, HEAVY};
+use crate::{client_calls, HEAVY};
 use tollgate::{Key, Policy, Quota, RedisStore, Store, DEFAULT_DEADLINE};
 
 /// Slack over the layer's deadline for a local decision and scheduling on
@@ -225,7 +225,7 @@ async fn cluster_primary_killed_under_load() {
     // Redis 7 does not replicate scripts: the promoted replica had never run
     // ours, answered NOSCRIPT, and got the source by EVAL while the dead
     // node was still in everyone's view.
-    let calls = command_calls(&cluster.nodes()[3]);
+    let calls = client_calls(&cluster.nodes()[3]);
     assert!(calls.get("eval").copied().unwrap_or(0) >= 1, "{calls:?}");
     assert!(cost.disruption < Duration::from_secs(20));
 }

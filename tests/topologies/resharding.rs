@@ -124,7 +124,7 @@ async fn moving_a_live_slot_fails_no_decision_and_loses_no_count() {
         .arg("errorstats")
         .query(&mut cluster.nodes()[from].conn())
         .unwrap();
-    let asking = crate::command_calls(&cluster.nodes()[to])
+    let asking = crate::client_calls(&cluster.nodes()[to])
         .get("asking")
         .copied()
         .unwrap_or(0);

@@ -26,7 +26,7 @@ use crate::decision::{Decision, Receipt};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::quota::Policy;
-use crate::strategy::{concurrency, leaky_bucket, Strategy};
+use crate::strategy::{concurrency, gcra, leaky_bucket, sliding_log, Strategy, MAX_SPAN_MICROS};
 
 /// Keeps limits in Redis, shared by every app server that uses the same Redis.
 ///
@@ -251,10 +251,12 @@ impl RedisStore {
             .conn
             .eval(script, &keys, &args, read_only)
             .await?;
-        match policy.strategy() {
+        let decision = match policy.strategy() {
             Strategy::LeakyBucket { .. } => reply::shaped(reply, cost),
             _ => reply::decision(reply, cost),
-        }
+        }?;
+        let scope = policy.strategy().scope_of(decision.quota);
+        Ok(decision.scoped(scope))
     }
 
     /// The script, keys and arguments one decision needs.
@@ -281,6 +283,43 @@ impl RedisStore {
                     args.push(q.window_micros().to_string());
                 }
                 (script, self.inner.keys.quota_keys(policy, key), args)
+            }
+            Strategy::UniformGate => {
+                let span = policy.quotas()[0].window_micros();
+                let args = vec![
+                    self.now_arg(),
+                    cost.to_string(),
+                    span.to_string(),
+                    MAX_SPAN_MICROS.to_string(),
+                ];
+                let keys = self.inner.keys.quota_keys(policy, key);
+                (scripts.uniform_gate.decide(read_only), keys, args)
+            }
+            Strategy::SlidingLog => {
+                let mut args = vec![
+                    self.now_arg(),
+                    cost.to_string(),
+                    sliding_log::request_id().to_string(),
+                ];
+                args.extend(quota_args(policy));
+                let keys = self.inner.keys.quota_keys(policy, key);
+                (scripts.sliding_log.decide(read_only), keys, args)
+            }
+            Strategy::SlidingWindow => {
+                let mut args = vec![self.now_arg(), cost.to_string()];
+                args.extend(quota_args(policy));
+                let keys = self.inner.keys.quota_keys(policy, key);
+                (scripts.sliding_window.decide(read_only), keys, args)
+            }
+            Strategy::Gcra { burst } => {
+                let args = vec![
+                    self.now_arg(),
+                    cost.to_string(),
+                    gcra::interval(&policy.quotas()[0]).to_string(),
+                    burst.to_string(),
+                ];
+                let keys = self.inner.keys.quota_keys(policy, key);
+                (scripts.gcra.decide(read_only), keys, args)
             }
             Strategy::LeakyBucket { capacity } => {
                 let script = if read_only {
@@ -325,6 +364,7 @@ impl RedisStore {
             return Ok(());
         }
         let scripts = &*SCRIPTS;
+        let keys = self.inner.keys.quota_keys(policy, key);
         let (script, keys, args) = match policy.strategy() {
             Strategy::FixedWindow => {
                 let mut args = vec![receipt.cost().to_string()];
@@ -334,6 +374,35 @@ impl RedisStore {
                     self.inner.keys.quota_keys(policy, key),
                     args,
                 )
+            }
+            Strategy::UniformGate => {
+                let args = stamps(receipt).collect();
+                (&scripts.uniform_gate.refund, keys, args)
+            }
+            Strategy::SlidingLog => {
+                let mut args = vec![receipt.cost().to_string()];
+                args.extend(stamps(receipt));
+                (&scripts.sliding_log.refund, keys, args)
+            }
+            Strategy::SlidingWindow => {
+                let mut args = vec![receipt.cost().to_string()];
+                args.extend(stamps(receipt));
+                args.extend(
+                    policy
+                        .quotas()
+                        .iter()
+                        .map(|q| q.window_micros().to_string()),
+                );
+                (&scripts.sliding_window.refund, keys, args)
+            }
+            Strategy::Gcra { .. } => {
+                let mut args = vec![
+                    self.now_arg(),
+                    receipt.cost().to_string(),
+                    gcra::interval(&policy.quotas()[0]).to_string(),
+                ];
+                args.extend(stamps(receipt));
+                (&scripts.gcra.refund, keys, args)
             }
             Strategy::LeakyBucket { .. } => {
                 let args = vec![
@@ -357,6 +426,19 @@ impl RedisStore {
         self.inner.conn.eval(script, &keys, &args, false).await?;
         Ok(())
     }
+}
+
+/// Each quota's limit and window (µs), as script arguments.
+fn quota_args(policy: &Policy) -> impl Iterator<Item = String> + '_ {
+    policy
+        .quotas()
+        .iter()
+        .flat_map(|q| [q.limit().to_string(), q.window_micros().to_string()])
+}
+
+/// A receipt's stamps, as script arguments.
+fn stamps(receipt: &Receipt) -> impl Iterator<Item = String> + '_ {
+    receipt.stamps().iter().map(u64::to_string)
 }
 
 impl Store for RedisStore {

@@ -85,12 +85,44 @@ pub(crate) struct Scripts {
     pub(crate) fixed_window: LuaScript,
     pub(crate) fixed_window_peek: LuaScript,
     pub(crate) fixed_window_refund: LuaScript,
+    pub(crate) uniform_gate: Trio,
+    pub(crate) sliding_log: Trio,
+    pub(crate) sliding_window: Trio,
+    pub(crate) gcra: Trio,
     pub(crate) leaky_bucket: LuaScript,
     pub(crate) leaky_bucket_peek: LuaScript,
     pub(crate) leaky_bucket_refund: LuaScript,
     pub(crate) concurrency: LuaScript,
     pub(crate) concurrency_peek: LuaScript,
     pub(crate) concurrency_release: LuaScript,
+}
+
+/// A strategy's decision script, the same flagged read-only for peeks, and
+/// its refund script.
+#[derive(Debug)]
+pub(crate) struct Trio {
+    pub(crate) check: LuaScript,
+    pub(crate) peek: LuaScript,
+    pub(crate) refund: LuaScript,
+}
+
+impl Trio {
+    fn new(name: &'static str, check: &str, refund: &str) -> Self {
+        Self {
+            check: LuaScript::new(name, check.into()),
+            peek: LuaScript::read_only(name, check),
+            refund: LuaScript::new(name, refund.into()),
+        }
+    }
+
+    /// The decision script, or its read-only twin.
+    pub(crate) fn decide(&self, read_only: bool) -> &LuaScript {
+        if read_only {
+            &self.peek
+        } else {
+            &self.check
+        }
+    }
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
@@ -103,6 +135,26 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         fixed_window_refund: LuaScript::new(
             "fixed_window_refund",
             include_str!("../../../lua/fixed_window_refund.lua").into(),
+        ),
+        uniform_gate: Trio::new(
+            "uniform_gate",
+            include_str!("../../../lua/uniform_gate.lua"),
+            include_str!("../../../lua/uniform_gate_refund.lua"),
+        ),
+        sliding_log: Trio::new(
+            "sliding_log",
+            include_str!("../../../lua/sliding_log.lua"),
+            include_str!("../../../lua/sliding_log_refund.lua"),
+        ),
+        sliding_window: Trio::new(
+            "sliding_window",
+            include_str!("../../../lua/sliding_window.lua"),
+            include_str!("../../../lua/sliding_window_refund.lua"),
+        ),
+        gcra: Trio::new(
+            "gcra",
+            include_str!("../../../lua/gcra.lua"),
+            include_str!("../../../lua/gcra_refund.lua"),
         ),
         leaky_bucket: LuaScript::new("leaky_bucket", leaky_bucket.into()),
         leaky_bucket_peek: LuaScript::read_only("leaky_bucket_peek", leaky_bucket),

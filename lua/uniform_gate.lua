@@ -1,0 +1,46 @@
+-- tollgate: the uniform gate, one call per caller per span.
+-- Mirrors src/strategy/uniform_gate.rs; change both together.
+--
+-- The value is when the gate opens again, in µs, and that value decides, to
+-- the microsecond. (Published versions test `TTL key > 0`, which Redis
+-- rounds to whole seconds, letting callers in up to a second early, and check
+-- then set in two round trips.) One `SET NX PX GET` decides and closes at
+-- once; only a value whose time has passed while its key lives on (the second
+-- of grace, a replica, an injected clock) is replaced by a second `SET`.
+-- The key expires one second after the gate opens; expiry only cleans up.
+--
+-- KEYS[1]   string: when the gate opens again, µs since epoch
+-- ARGV[1]   now, µs since epoch; -1 reads Redis TIME
+-- ARGV[2]   cost: a pass closes the gate for cost × span; 0 looks without writing
+-- ARGV[3]   span, µs
+-- ARGV[4]   the longest the gate may close, µs (cost × span is capped there)
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit 1, used 1 when closed else 0, reopens at µs (now when
+--    open), retry_after µs or -1, now µs, quota 0, [on a pass: reopens at µs,
+--    the refund stamp]}
+
+local function int(x) return string.format('%.0f', x) end
+
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+
+if cost == 0 then
+  local at = tonumber(redis.call('GET', KEYS[1]))
+  if at and at > now then return {1, 1, 1, at, -1, now, 0} end
+  return {1, 1, 0, now, -1, now, 0}
+end
+
+local at = now + math.min(cost * tonumber(ARGV[3]), tonumber(ARGV[4]))
+local px = int(math.ceil((at - now) / 1000) + 1000)
+local old = redis.call('SET', KEYS[1], int(at), 'NX', 'PX', px, 'GET')
+if old then
+  local was = tonumber(old) or 0
+  if was > now then return {0, 1, 1, was, was - now, now, 0} end
+  redis.call('SET', KEYS[1], int(at), 'PX', px)
+end
+return {1, 1, 1, at, -1, now, 0, at}

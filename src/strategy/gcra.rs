@@ -1,0 +1,116 @@
+//! The generic cell rate algorithm: a token bucket kept as one timestamp.
+//!
+//! Mirrors `lua/gcra.lua`; change both together.
+//!
+//! As in redis-cell: units are emitted every `T = window / limit` (rounded up
+//! to whole µs, so the rate is never above the quota), the bucket holds
+//! `burst` units, and the state is the theoretical arrival time `tat`: the
+//! moment the bucket would be full again. A request of `cost` conforms when
+//! `max(tat, now) + cost × T − now ≤ burst × T`.
+
+use std::num::NonZeroU32;
+
+use super::MAX_SPAN_MICROS;
+use crate::decision::{Decision, Receipt};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// The emission interval: µs per unit, rounded up.
+pub(crate) fn interval(quota: &Quota) -> u64 {
+    quota.window_micros().div_ceil(u64::from(quota.limit()))
+}
+
+pub(crate) fn validate(quotas: &[Quota], burst: NonZeroU32) -> Result<(), ConfigError> {
+    let [q] = quotas else {
+        return Err(ConfigError::new("GCRA takes exactly one quota (its rate)"));
+    };
+    if u64::from(q.limit()) > q.window_micros() {
+        return Err(ConfigError::new(format!(
+            "GCRA emits at most one unit per microsecond; {} per {:?} is faster",
+            q.limit(),
+            q.window()
+        )));
+    }
+    if interval(q).saturating_mul(u64::from(burst.get())) > MAX_SPAN_MICROS {
+        return Err(ConfigError::new(format!(
+            "a GCRA bucket of {burst} units at {} per {:?} takes more than a year to refill",
+            q.limit(),
+            q.window()
+        )));
+    }
+    Ok(())
+}
+
+/// Decides, and on a pass moves `tat` forward by `cost × T`. A stored `tat`
+/// in the past means a full bucket. With `cost == 0` nothing is written.
+pub(crate) fn check(
+    tat: &mut Option<u64>,
+    quota: &Quota,
+    burst: u32,
+    now: u64,
+    cost: u64,
+) -> Decision {
+    let t = interval(quota);
+    let limit = u64::from(burst);
+    let tolerance = t * limit;
+    let start = tat.map_or(now, |tat| tat.max(now));
+    // What could pass right now if the bucket's tat were `at`, rounded down.
+    let remaining = |at: u64| tolerance.saturating_sub(at - now) / t;
+    let used_now = limit - remaining(start);
+
+    if cost > limit {
+        // Never conforms; told to wait until the bucket is full, at least T.
+        let retry = (start - now).max(t);
+        return Decision::rejected(limit, used_now, start, now, retry);
+    }
+    let next = start + cost * t;
+    if next - now > tolerance {
+        return Decision::rejected(limit, used_now, start, now, next - tolerance - now);
+    }
+    if cost > 0 {
+        *tat = Some(next);
+    }
+    Decision::allowed(limit, limit - remaining(next), next, now)
+        .with_receipt(Receipt::new(cost, vec![next]))
+}
+
+/// Moves `tat` back by `cost × T`, never before `now`, and never before the
+/// start of the charge stamped `stamp` (the `tat` it set), so refunding one
+/// receipt twice cannot give back other requests' units.
+pub(crate) fn refund(tat: &mut Option<u64>, quota: &Quota, now: u64, stamp: u64, cost: u64) {
+    if let Some(at) = tat.as_mut().filter(|at| **at > now) {
+        let back = cost.saturating_mul(interval(quota));
+        *at = at
+            .saturating_sub(back)
+            .max(stamp.saturating_sub(back))
+            .max(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_full_bucket_passes_burst_then_one_per_interval() {
+        let quota = Quota::new(1, Duration::from_secs(1)).unwrap();
+        let mut tat = None;
+        for left in (0..3).rev() {
+            assert_eq!(check(&mut tat, &quota, 3, 0, 1).remaining, left);
+        }
+        let d = check(&mut tat, &quota, 3, 0, 1);
+        assert_eq!(d.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(d.reset_at_micros, 3_000_000, "full again at tat");
+        assert!(check(&mut tat, &quota, 3, 1_000_000, 1).allowed);
+    }
+
+    #[test]
+    fn interval_rounds_up_so_the_rate_is_never_above_the_quota() {
+        let quota = Quota::new(3, Duration::from_secs(10)).unwrap();
+        assert_eq!(interval(&quota), 3_333_334);
+        assert!(validate(&[quota], NonZeroU32::new(1).unwrap()).is_ok());
+        let too_fast = Quota::new(2_000, Duration::from_millis(1)).unwrap();
+        assert!(validate(&[too_fast], NonZeroU32::new(1).unwrap()).is_err());
+    }
+}

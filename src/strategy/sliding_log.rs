@@ -1,0 +1,213 @@
+//! The exact sliding-window log, with a limit for the whole resource and one
+//! per caller, checked and charged together.
+//!
+//! Mirrors `lua/sliding_log.lua`; change both together.
+//!
+//! Each log holds one entry per unit spent, scored by its time in integer µs
+//! and named by a random id per request, so two requests in the same
+//! microsecond stay two entries. A request fits a log when the units inside
+//! `(now - window, now]` plus its cost are at most the limit; rejected
+//! requests are not logged, so a log never holds more than its limit.
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+use crate::decision::{Decision, Receipt};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// Quota index of the limit shared by every caller of the resource.
+pub(crate) const RESOURCE: usize = 0;
+/// A log keeps one entry per unit, so its limit is its memory: bounded here.
+pub(crate) const MAX_LIMIT: u32 = 1_000_000;
+
+pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
+    if quotas.len() != 2 {
+        return Err(ConfigError::new(
+            "a sliding log takes two quotas, the resource's and each consumer's: use Policy::sliding_log",
+        ));
+    }
+    match quotas.iter().find(|q| q.limit() > MAX_LIMIT) {
+        Some(q) => Err(ConfigError::new(format!(
+            "a sliding log keeps one entry per unit, so its limits are at most {MAX_LIMIT}, got {}; \
+             the sliding-window counter takes any limit in constant memory",
+            q.limit()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A fresh id for one request's log entries: random, below 2^53 so that Lua
+/// numbers carry it exactly, and different for every call of this process.
+pub(crate) fn request_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static KEY: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    KEY.hash_one(NEXT.fetch_add(1, Ordering::Relaxed)) >> 11
+}
+
+/// One log: `(time µs, request id)` per unit spent, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Log {
+    entries: VecDeque<(u64, u64)>,
+}
+
+impl Log {
+    /// Index of the first entry inside `(now - window, ..]`.
+    fn first_inside(&self, now: u64, window: u64) -> usize {
+        match now.checked_sub(window) {
+            Some(cutoff) => self.entries.partition_point(|&(at, _)| at <= cutoff),
+            None => 0,
+        }
+    }
+
+    /// Units inside the window.
+    pub(crate) fn count(&self, now: u64, window: u64) -> u64 {
+        (self.entries.len() - self.first_inside(now, window)) as u64
+    }
+
+    /// The newest entry's time, if any.
+    pub(crate) fn newest(&self) -> Option<u64> {
+        self.entries.back().map(|&(at, _)| at)
+    }
+
+    /// Time of the `k`-th oldest entry inside the window (1-based).
+    fn kth_inside(&self, now: u64, window: u64, k: u64) -> u64 {
+        self.entries[self.first_inside(now, window) + k as usize - 1].0
+    }
+
+    /// Drops entries that left the window.
+    fn trim(&mut self, now: u64, window: u64) {
+        let outside = self.first_inside(now, window);
+        self.entries.drain(..outside);
+    }
+
+    /// Logs `cost` units at `now` for request `id`, keeping time order.
+    fn add(&mut self, now: u64, id: u64, cost: u64) {
+        let at = self.entries.partition_point(|&(t, _)| t <= now);
+        for _ in 0..cost {
+            self.entries.insert(at, (now, id));
+        }
+    }
+
+    /// Removes up to `cost` entries logged at `at` for request `id`.
+    pub(crate) fn remove(&mut self, at: u64, id: u64, cost: u64) {
+        let mut left = cost;
+        self.entries.retain(|&e| {
+            let hit = left > 0 && e == (at, id);
+            left -= u64::from(hit);
+            !hit
+        });
+    }
+
+    /// Whether nothing is logged.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Decides for `cost` units against `logs[RESOURCE]` and `logs[CONSUMER]`;
+/// on a pass charges both, tagged with `id`. When either rejects, nothing is
+/// charged, and the one that frees up last is reported (its `quota` index
+/// says which). With `cost == 0` nothing is written (a peek).
+pub(crate) fn check(logs: &mut [Log], quotas: &[Quota], now: u64, cost: u64, id: u64) -> Decision {
+    let counts: Vec<u64> = logs
+        .iter()
+        .zip(quotas)
+        .map(|(log, q)| log.count(now, q.window_micros()))
+        .collect();
+    let reset = |log: &Log, n: u64, window: u64| match log.newest() {
+        Some(newest) if n > 0 => newest + window,
+        _ => now,
+    };
+
+    let mut rejected: Option<(usize, u64)> = None;
+    for (i, (log, q)) in logs.iter().zip(quotas).enumerate() {
+        let (n, limit, window) = (counts[i], u64::from(q.limit()), q.window_micros());
+        if n.saturating_add(cost) <= limit {
+            continue;
+        }
+        // The wait until enough of the oldest units leave the window; a cost
+        // above the limit never fits, and waits for the whole log instead.
+        let free = (n.saturating_add(cost) - limit).min(n);
+        let retry = if free == 0 {
+            window
+        } else {
+            log.kth_inside(now, window, free) + window - now
+        };
+        if rejected.is_none_or(|(_, r)| retry > r) {
+            rejected = Some((i, retry));
+        }
+    }
+    if let Some((i, retry)) = rejected {
+        let (q, n) = (quotas[i], counts[i]);
+        let limit = u64::from(q.limit());
+        let reset_at = reset(&logs[i], n, q.window_micros());
+        return Decision::rejected(limit, n.min(limit), reset_at, now, retry).reporting(i);
+    }
+
+    if cost > 0 {
+        for (log, q) in logs.iter_mut().zip(quotas) {
+            log.trim(now, q.window_micros());
+            log.add(now, id, cost);
+        }
+    }
+    // When both fit, the one with the least left is reported.
+    let left = |j: usize| u64::from(quotas[j].limit()) - counts[j] - cost;
+    let report = (1..quotas.len()).fold(0, |best, i| if left(i) < left(best) { i } else { best });
+    let q = quotas[report];
+    let used = counts[report] + cost;
+    let reset_at = reset(&logs[report], used, q.window_micros());
+    Decision::allowed(u64::from(q.limit()), used, reset_at, now)
+        .reporting(report)
+        .with_receipt(Receipt::new(cost, vec![now, id]))
+}
+
+/// Removes what the pass stamped `[at, id]` charged, from every log; units
+/// that already left a window are gone anyway.
+pub(crate) fn refund(logs: &mut [Log], stamps: &[u64], cost: u64) {
+    if let [at, id] = *stamps {
+        for log in logs {
+            log.remove(at, id, cost);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn q(limit: u32, secs: u64) -> Quota {
+        Quota::new(limit, Duration::from_secs(secs)).unwrap()
+    }
+
+    #[test]
+    fn a_rejection_by_either_limit_charges_neither() {
+        let quotas = [q(100, 10), q(2, 10)];
+        let mut logs = vec![Log::default(), Log::default()];
+        assert!(check(&mut logs, &quotas, 0, 2, 1).allowed);
+        let d = check(&mut logs, &quotas, 1, 1, 2);
+        assert!(!d.allowed);
+        assert_eq!(d.quota, 1, "the consumer's limit rejected");
+        assert_eq!(logs[RESOURCE].count(1, 10_000_000), 2);
+    }
+
+    #[test]
+    fn the_log_never_holds_more_than_its_limit() {
+        let quotas = [q(5, 1), q(5, 1)];
+        let mut logs = vec![Log::default(), Log::default()];
+        for t in 0..1_000u64 {
+            check(&mut logs, &quotas, t * 10_000, 1, t);
+            assert!(logs.iter().all(|l| l.entries.len() <= 5));
+        }
+    }
+
+    #[test]
+    fn request_ids_differ_and_fit_a_lua_number() {
+        let ids: std::collections::HashSet<u64> = (0..10_000).map(|_| request_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(ids.iter().all(|&id| id < 1 << 53));
+    }
+}

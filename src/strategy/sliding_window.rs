@@ -1,0 +1,255 @@
+//! Cloudflare's sliding-window counter, over one or more quotas,
+//! all-or-nothing.
+//!
+//! Mirrors `lua/sliding_window.lua` line for line; change both together.
+//!
+//! Time is cut into fixed windows aligned on the epoch. A key keeps the
+//! count of the current window and of the previous one; the rate over the
+//! sliding window ending now is estimated as
+//! `prev × (window − elapsed) / window + cur`, assuming the previous window's
+//! requests were spread evenly. A request of `cost` fits when
+//! `prev × weight ≤ limit − cur − cost`. The weight is the one floating-point
+//! step, computed by the same IEEE-754 operations in Rust and in Lua, so both
+//! stores decide identically.
+
+use crate::decision::{Decision, Receipt};
+use crate::quota::Quota;
+
+/// One quota's stored counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counter {
+    /// Start of the window `cur` counts, µs since the epoch.
+    pub start: u64,
+    /// Units spent in that window.
+    pub cur: u64,
+    /// Units spent in the window before it.
+    pub prev: u64,
+}
+
+impl Counter {
+    /// When the counters stop mattering: the end of the next window.
+    pub(crate) fn stale_at(&self, window: u64) -> u64 {
+        self.start + 2 * window
+    }
+}
+
+/// The counters as seen at `now`: rolled forward when a window has passed.
+/// A stored window later than now's (a clock that went back) stays current,
+/// with nothing of it elapsed, so no count is ever lost.
+fn view(stored: Option<Counter>, now: u64, window: u64) -> (Counter, u64) {
+    let start = now - now % window;
+    match stored {
+        Some(c) if c.start > start => (c, 0),
+        Some(c) if c.start == start => (c, now - start),
+        Some(c) if c.start + window == start => (
+            Counter {
+                start,
+                cur: 0,
+                prev: c.cur,
+            },
+            now - start,
+        ),
+        _ => (
+            Counter {
+                start,
+                cur: 0,
+                prev: 0,
+            },
+            now - start,
+        ),
+    }
+}
+
+/// The previous window's count weighted by how much of it the sliding
+/// window still covers. Lua computes `prev * ((window - elapsed) / window)`
+/// in the same order, on the same doubles.
+fn weighted(prev: u64, window: u64, elapsed: u64) -> f64 {
+    prev as f64 * ((window - elapsed) as f64 / window as f64)
+}
+
+/// The smallest `x` in `lo..=hi` with `fits(x)`; `fits(hi)` must hold and
+/// `fits` must not turn false again once true.
+fn first(mut lo: u64, mut hi: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+/// One quota's verdict.
+struct Verdict {
+    counter: Counter,
+    fits: bool,
+    /// Units counted: current window plus the weighted previous, rounded up.
+    used: u64,
+    /// When a request of this cost would fit (on rejections), µs.
+    fits_at: u64,
+}
+
+fn judge(stored: Option<Counter>, quota: &Quota, now: u64, cost: u64) -> Verdict {
+    let (window, limit) = (quota.window_micros(), u64::from(quota.limit()));
+    let (c, elapsed) = view(stored, now, window);
+    let prev_weighted = weighted(c.prev, window, elapsed);
+    let used = c.cur.saturating_add(prev_weighted.ceil() as u64);
+    let room = limit.checked_sub(c.cur.saturating_add(cost));
+    let fits = room.is_some_and(|room| prev_weighted <= room as f64);
+    let fits_at = if fits {
+        now
+    } else if cost > limit {
+        // Never fits; the counters are clear at the end of the next window.
+        c.stale_at(window)
+    } else if let Some(room) = room {
+        // Fits later in this window, once the previous one weighs less.
+        c.start
+            + first(elapsed + 1, window, |x| {
+                weighted(c.prev, window, x) <= room as f64
+            })
+    } else {
+        // Fits in the next window, once this one (then the previous) weighs less.
+        let room = limit - cost;
+        c.start + window + first(1, window, |x| weighted(c.cur, window, x) <= room as f64)
+    };
+    Verdict {
+        counter: c,
+        fits,
+        used,
+        fits_at,
+    }
+}
+
+/// When the estimate is back to zero: the end of the next window once the
+/// current one has a charge, the end of this one if only the previous has.
+fn reset_at(c: &Counter, window: u64, now: u64) -> u64 {
+    if c.cur > 0 {
+        c.start + 2 * window
+    } else if c.prev > 0 {
+        c.start + window
+    } else {
+        now
+    }
+}
+
+/// Decides, and on a pass charges `cost` to every quota's current window.
+///
+/// `counters[i]` is quota `i`'s stored state (`None` when absent). With
+/// `cost == 0` nothing is written (a peek).
+pub(crate) fn check(
+    counters: &mut [Option<Counter>],
+    quotas: &[Quota],
+    now: u64,
+    cost: u64,
+) -> Decision {
+    let verdicts: Vec<Verdict> = counters
+        .iter()
+        .zip(quotas)
+        .map(|(stored, q)| judge(*stored, q, now, cost))
+        .collect();
+
+    // The rejecting quota that lets this request through last decides.
+    let mut rejected: Option<usize> = None;
+    for (i, v) in verdicts.iter().enumerate() {
+        if !v.fits && rejected.is_none_or(|r| v.fits_at > verdicts[r].fits_at) {
+            rejected = Some(i);
+        }
+    }
+    if let Some(i) = rejected {
+        let (v, q) = (&verdicts[i], quotas[i]);
+        let limit = u64::from(q.limit());
+        let reset = reset_at(&v.counter, q.window_micros(), now);
+        return Decision::rejected(limit, v.used.min(limit), reset, now, v.fits_at - now)
+            .reporting(i);
+    }
+
+    let mut charged: Vec<Counter> = verdicts.iter().map(|v| v.counter).collect();
+    if cost > 0 {
+        for (slot, c) in counters.iter_mut().zip(charged.iter_mut()) {
+            c.cur += cost;
+            *slot = Some(*c);
+        }
+    }
+    // When all fit, the quota with the least left is reported.
+    let left = |j: usize| u64::from(quotas[j].limit()) - verdicts[j].used - cost;
+    let report = (1..quotas.len()).fold(0, |best, i| if left(i) < left(best) { i } else { best });
+    let q = quotas[report];
+    let reset = reset_at(&charged[report], q.window_micros(), now);
+    Decision::allowed(
+        u64::from(q.limit()),
+        verdicts[report].used + cost,
+        reset,
+        now,
+    )
+    .reporting(report)
+    .with_receipt(Receipt::new(
+        cost,
+        charged.iter().map(|c| c.start).collect(),
+    ))
+}
+
+/// Gives `cost` back to the window each stamp names (its start), whether it
+/// is still the current window or has become the previous one.
+pub(crate) fn refund(
+    counters: &mut [Option<Counter>],
+    quotas: &[Quota],
+    stamps: &[u64],
+    cost: u64,
+) {
+    for ((slot, q), &stamp) in counters.iter_mut().zip(quotas).zip(stamps) {
+        if let Some(c) = slot {
+            if c.start == stamp {
+                c.cur -= cost.min(c.cur);
+            } else if c.start == stamp + q.window_micros() {
+                c.prev -= cost.min(c.prev);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn q(limit: u32, secs: u64) -> Quota {
+        Quota::new(limit, Duration::from_secs(secs)).unwrap()
+    }
+
+    #[test]
+    fn the_previous_window_weighs_by_its_overlap() {
+        // 10 per minute; 10 spent in the previous minute; 15 s into this one
+        // the previous still weighs 7.5, so 2 more fit and a third does not.
+        let quota = [q(10, 60)];
+        let mut c = [Some(Counter {
+            start: 0,
+            cur: 10,
+            prev: 0,
+        })];
+        let now = 75_000_000;
+        assert_eq!(check(&mut c, &quota, now, 1).remaining, 1);
+        assert_eq!(check(&mut c, &quota, now, 1).remaining, 0);
+        let d = check(&mut c, &quota, now, 1);
+        assert!(!d.allowed);
+        // 10 × (60 − x)/60 ≤ 7 once x ≥ 18 s: the retry is 3 s away.
+        assert_eq!(d.retry_after, Some(Duration::from_secs(3)));
+        assert_eq!(d.reset_at_micros, 180_000_000);
+    }
+
+    #[test]
+    fn retry_after_is_the_first_microsecond_that_fits() {
+        let quota = [q(7, 1)];
+        let mut c = [Some(Counter {
+            start: 1_000_000,
+            cur: 3,
+            prev: 7,
+        })];
+        let now = 1_100_000;
+        let d = check(&mut c, &quota, now, 1);
+        let at = now + d.retry_after.unwrap().as_micros() as u64;
+        assert!(!check(&mut c, &quota, at - 1, 1).allowed);
+        assert!(check(&mut c, &quota, at, 1).allowed);
+    }
+}

@@ -1,0 +1,92 @@
+//! The uniform gate: one call per caller per span.
+//!
+//! Mirrors `lua/uniform_gate.lua`; change both together.
+//!
+//! The gate's state is the moment it opens again, in µs. Published versions
+//! test `TTL key > 0`, which rounds to seconds and lets a caller in up to a
+//! second early, and check then set in two round trips; here the stored time
+//! decides, to the microsecond, and check-and-set is one atomic step.
+
+use super::MAX_SPAN_MICROS;
+use crate::decision::{Decision, Receipt};
+use crate::error::ConfigError;
+use crate::quota::Quota;
+
+/// The gate takes one quota whose limit is 1: its window is the span.
+pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
+    match quotas {
+        [q] if q.limit() == 1 => Ok(()),
+        [q] => Err(ConfigError::new(format!(
+            "a uniform gate lets one call through per span; its quota's limit must be 1, got {}",
+            q.limit()
+        ))),
+        _ => Err(ConfigError::new("a uniform gate takes exactly one quota")),
+    }
+}
+
+/// How long a pass of `cost` closes the gate: `cost` spans, at most a year.
+pub(crate) fn closing(span: u64, cost: u64) -> u64 {
+    cost.saturating_mul(span).min(MAX_SPAN_MICROS)
+}
+
+/// Decides, and on a pass closes the gate: `reopen_at` becomes
+/// `now + cost × span`. A stored time that is not after `now` counts as open,
+/// whether or not the store has expired it yet. With `cost == 0` nothing is
+/// written (a peek): open reads as 1 remaining, closed as 0.
+pub(crate) fn check(reopen_at: &mut Option<u64>, quota: &Quota, now: u64, cost: u64) -> Decision {
+    let closed_until = reopen_at.filter(|&at| at > now);
+    match closed_until {
+        Some(at) if cost > 0 => Decision::rejected(1, 1, at, now, at - now),
+        Some(at) => Decision::allowed(1, 1, at, now),
+        None if cost == 0 => Decision::allowed(1, 0, now, now),
+        None => {
+            let at = now + closing(quota.window_micros(), cost);
+            *reopen_at = Some(at);
+            Decision::allowed(1, 1, at, now).with_receipt(Receipt::new(cost, vec![at]))
+        }
+    }
+}
+
+/// Opens the gate again if it is still closed by the pass that `stamp`
+/// names (its reopening time); a later pass's closing is left alone.
+pub(crate) fn refund(reopen_at: &mut Option<u64>, stamp: u64) {
+    if *reopen_at == Some(stamp) {
+        *reopen_at = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn span(secs: u64) -> Quota {
+        Quota::new(1, Duration::from_secs(secs)).unwrap()
+    }
+
+    #[test]
+    fn closed_to_the_microsecond_then_open() {
+        let mut gate = None;
+        assert!(check(&mut gate, &span(10), 0, 1).allowed);
+        let early = check(&mut gate, &span(10), 9_999_999, 1);
+        assert!(!early.allowed);
+        assert_eq!(early.retry_after, Some(Duration::from_micros(1)));
+        assert!(check(&mut gate, &span(10), 10_000_000, 1).allowed);
+    }
+
+    #[test]
+    fn cost_closes_for_that_many_spans_and_refund_reopens() {
+        let mut gate = None;
+        let d = check(&mut gate, &span(10), 0, 3);
+        assert_eq!(d.reset_at_micros, 30_000_000);
+        refund(&mut gate, 29_999_999);
+        assert_eq!(
+            gate,
+            Some(30_000_000),
+            "another pass's stamp changes nothing"
+        );
+        refund(&mut gate, d.receipt.stamps()[0]);
+        assert!(check(&mut gate, &span(10), 1, 1).allowed);
+        assert!(validate(&[Quota::new(2, Duration::from_secs(1)).unwrap()]).is_err());
+    }
+}

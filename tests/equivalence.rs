@@ -1,0 +1,179 @@
+//! Random request traces replayed into the memory store and into Redis give
+//! identical decisions, for every strategy: the property behind the
+//! conformance tables, searched by proptest.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use redis::aio::ConnectionManager;
+use support::conformance::T0;
+use tokio::runtime::Runtime;
+use tollgate::{
+    Decision, Key, ManualClock, MemoryStore, Policy, Quota, Receipt, RedisStore, Store,
+};
+
+/// One runtime for every case, so the shared connection's tasks keep running.
+static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+});
+
+static CONNECTION: tokio::sync::OnceCell<ConnectionManager> = tokio::sync::OnceCell::const_new();
+
+async fn connection() -> ConnectionManager {
+    let connect = || async {
+        redis::Client::open(support::redis::shared_url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap()
+    };
+    CONNECTION.get_or_init(connect).await.clone()
+}
+
+fn q(limit: u32, millis: u64) -> Quota {
+    Quota::new(limit, Duration::from_millis(millis)).unwrap()
+}
+
+/// Small limits and short, partly odd windows, so traces hit every branch.
+fn policies() -> Vec<Policy> {
+    vec![
+        Policy::fixed_window("fixed", q(3, 1_000)).and(q(5, 3_000)),
+        Policy::uniform_gate("gate", Duration::from_millis(700)).unwrap(),
+        Policy::sliding_log("log", q(6, 2_000), q(3, 1_000)),
+        Policy::sliding_window("window", q(4, 1_000)).and(q(7, 3_000)),
+        Policy::sliding_window("window1", q(5, 1_500)),
+        Policy::gcra("gcra", q(3, 1_000), NonZeroU32::new(4).unwrap()),
+        Policy::leaky_bucket("leaky", q(5, 1_000), NonZeroU32::new(3).unwrap()),
+        Policy::concurrency(
+            "concurrency",
+            NonZeroU32::new(2).unwrap(),
+            Duration::from_secs(2),
+        )
+        .unwrap(),
+    ]
+}
+
+/// What one step does.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Check {
+        key: u8,
+        cost: u64,
+    },
+    Peek {
+        key: u8,
+    },
+    /// Refund the receipt of an earlier step (picked modulo their number).
+    Refund {
+        pick: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3u8, prop_oneof![4 => Just(1u64), 1 => 0..5u64])
+            .prop_map(|(key, cost)| Op::Check { key, cost }),
+        1 => (0..3u8).prop_map(|key| Op::Peek { key }),
+        2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
+    ]
+}
+
+/// µs to wait before a step: often nothing, mostly short, sometimes windows;
+/// often whole tenths of a second, so that steps land exactly on window
+/// ends, reopening gates and entries leaving a log.
+fn gap() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        2 => Just(0u64),
+        3 => 0..60_000u64,
+        2 => 0..1_500_000u64,
+        1 => 0..6_000_000u64,
+        4 => (0..16u64).prop_map(|tenths| tenths * 100_000),
+    ]
+}
+
+/// The decision with the parts that may differ masked: the sliding log's
+/// and the concurrency limit's request ids are random per store.
+fn comparable(policy: &Policy, mut d: Decision) -> Decision {
+    if policy.name() == "concurrency" {
+        d.receipt = Receipt::new(d.receipt.cost(), Vec::new());
+    }
+    if policy.name() == "log" {
+        let stamps = d.receipt.stamps().iter().take(1).copied().collect();
+        d.receipt = Receipt::new(d.receipt.cost(), stamps);
+    }
+    d
+}
+
+async fn replay(start: u64, steps: &[(u64, Op)]) -> Result<(), TestCaseError> {
+    for policy in policies() {
+        let clock = ManualClock::new(start);
+        let memory = MemoryStore::with_clock(clock.clone());
+        let redis = RedisStore::from_manager(connection().await)
+            .prefix(support::redis::unique_prefix("eq"))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let stores: [&dyn Store; 2] = [&memory, &redis];
+        // Each store's own receipts, with the key they were charged to.
+        let mut receipts: [Vec<(Key, Receipt)>; 2] = [Vec::new(), Vec::new()];
+        for (i, &(gap, op)) in steps.iter().enumerate() {
+            clock.advance(Duration::from_micros(gap));
+            let mut answers = Vec::new();
+            for (s, store) in stores.iter().enumerate() {
+                let answer = match op {
+                    Op::Check { key, cost } => {
+                        let key = Key::new(format!("k{key}"));
+                        let d = store.check(&policy, &key, cost).await.unwrap();
+                        receipts[s].push((key, d.receipt.clone()));
+                        Some(d)
+                    }
+                    Op::Peek { key } => Some(
+                        store
+                            .peek(&policy, &Key::new(format!("k{key}")))
+                            .await
+                            .unwrap(),
+                    ),
+                    Op::Refund { pick } if !receipts[s].is_empty() => {
+                        let (key, receipt) = &receipts[s][pick % receipts[s].len()];
+                        store.refund(&policy, key, receipt).await.unwrap();
+                        None
+                    }
+                    Op::Refund { .. } => None,
+                };
+                answers.push(answer.map(|d| comparable(&policy, d)));
+            }
+            prop_assert_eq!(
+                &answers[0],
+                &answers[1],
+                "policy {} step {} {:?}: memory, then Redis",
+                policy.name(),
+                i,
+                op
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn memory_and_redis_decide_alike_on_random_traces(
+        offset in prop_oneof![Just(0u64), 0..10_000_000u64],
+        steps in prop::collection::vec((gap(), op()), 1..60),
+    ) {
+        RUNTIME.block_on(replay(T0 + offset, &steps))?;
+    }
+}
