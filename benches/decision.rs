@@ -54,9 +54,13 @@ const IN_FLIGHT: usize = 64;
 /// Distinct keys for the many-keys benchmark.
 const MANY_KEYS: usize = 100_000;
 
-/// A budget nothing in a benchmark run can spend: every check passes.
+/// A budget no benchmark run spends: every check passes, except where a
+/// strategy cannot pass that fast on one key (the uniform gate passes one
+/// call per millisecond; the sliding log keeps at most a million entries).
 fn roomy() -> Quota {
-    Quota::new(u32::MAX, Duration::from_secs(3600)).unwrap()
+    // One unit per microsecond: the fastest GCRA and leaky bucket allowed,
+    // faster than anything measured here, so the leaky bucket never delays.
+    Quota::new(3_600_000_000, Duration::from_secs(3600)).unwrap()
 }
 
 /// One unit an hour: after the first check, every check is rejected.
@@ -143,7 +147,11 @@ fn memory(c: &mut Criterion) {
     for policy in lineup::lineup(tight()) {
         let store = MemoryStore::new();
         // Spend the budget of 1 (a concurrency slot stays held).
-        store.check(&policy, &hot, 1).now_or_never().unwrap().unwrap();
+        store
+            .check(&policy, &hot, 1)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
         let id = format!("memory_rejecting/{}", policy.name());
         group.bench_function(policy.name(), |b| {
             sampled(b, id.clone(), |iters| {
@@ -218,9 +226,12 @@ fn layer(c: &mut Criterion) {
                 let response = app.clone().oneshot(request()).await.unwrap();
                 debug_assert_eq!(response.status(), expect);
                 drop(black_box(response));
-                if i % 64 == 63 {
+                if i % 16 == 15 {
                     // Lets concurrency slots' releases (spawned tasks) run,
                     // as a server's runtime would; the same for every variant.
+                    // (Every 64 was not enough: the current-thread scheduler
+                    // runs only part of the queue per yield, and the
+                    // in-flight set grew without end.)
                     tokio::task::yield_now().await;
                 }
             }
@@ -337,12 +348,11 @@ fn redis(c: &mut Criterion) {
     }
 }
 
-/// One check that must pass (the benchmark budgets cannot be spent), and
-/// the release of a concurrency slot: two round trips for that strategy.
+/// One check, and the release of a concurrency slot: two round trips for
+/// that strategy.
 async fn passes(store: &RedisStore, policy: &Policy, key: &Key) {
     let decision = store.check(policy, key, 1).await.unwrap();
-    assert!(decision.allowed);
-    if holds(policy) {
+    if decision.allowed && holds(policy) {
         store.refund(policy, key, &decision.receipt).await.unwrap();
     }
 }
@@ -388,6 +398,8 @@ fn summary() {
         .map(|p| p.name().to_owned())
         .collect();
     println!("\nratios (throughput of the first to the second; targets in BENCHMARKS.md)");
+    println!("  (the uniform gate passes one call per millisecond per key: on one key its");
+    println!("  'pass' and Redis figures are mostly rejections)");
     for name in &names {
         for (what, a, b) in [
             (

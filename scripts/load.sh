@@ -34,7 +34,7 @@ MODERATE_CONNS=${MODERATE_CONNS:-16}
 MODERATE_PAUSE_MS=${MODERATE_PAUSE_MS:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 SERVER_CPU=${SERVER_CPU:-1}
-PASS_LIMIT=4000000000 # per hour: nothing in a run can spend it
+PASS_LIMIT=3600000000 # per hour: one per us, nothing in a run spends it
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 
 need() {
@@ -254,6 +254,11 @@ for store in memory redis; do
         w=$(ratio $store $outcome full "$route" 6)
         t=$(target $store $outcome)
         ok=$(verdict "$r" "$t")
+        # A pass run that mostly got 429s (the uniform gate passes at most one
+        # call per millisecond per caller) measured the rejection path.
+        if [ "$outcome" = pass ] && awk -v x="$(share $store $outcome full "$route")" 'BEGIN { exit !(x > 0.01) }'; then
+          t=- ok="n/a: mostly 429"
+        fi
       fi
       echo "| $store | $outcome | $route | $(fig $store $outcome full "$route" 6) | $(busy $store $outcome full "$route") | $(fig $store $outcome full "$route" 13) | $r | $w | $t | $ok | $(ms "$(fig $store $outcome full "$route" 7)") | $(ms "$(fig $store $outcome full "$route" 8)") | $(share $store $outcome full "$route") |"
     done

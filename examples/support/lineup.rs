@@ -15,7 +15,8 @@ const MAX_LOG: u32 = 1_000_000;
 /// One policy per strategy, each named after its strategy, all sized from
 /// `quota` (`limit` per `window`):
 ///
-/// - rate limits allow `limit` per `window`; GCRA's burst is `limit`;
+/// - rate limits allow `limit` per `window`; GCRA's burst is `limit` (and
+///   its rate at most one per microsecond, its own ceiling);
 /// - the sliding log has the same limit for everyone and for each caller,
 ///   at the same rate over a shorter window when `limit` is above its
 ///   ceiling of 1,000,000 entries;
@@ -38,12 +39,18 @@ pub fn lineup(quota: Quota) -> Vec<Policy> {
         let shorter = window.mul_f64(f64::from(MAX_LOG) / f64::from(limit.get()));
         Quota::new(MAX_LOG, shorter.max(Duration::from_millis(1))).expect("a valid quota")
     };
+    // GCRA emits at most one unit per microsecond.
+    let gcra = if u128::from(limit.get()) <= window.as_micros() {
+        quota
+    } else {
+        Quota::new(limit.get(), Duration::from_micros(limit.get().into())).expect("a valid quota")
+    };
     let timeout = (window * 2).min(Duration::from_secs(365 * 24 * 3600));
     vec![
         Policy::fixed_window("fixed_window", quota),
         Policy::sliding_window("sliding_window", quota),
         Policy::sliding_log("sliding_log", log, log),
-        Policy::gcra("gcra", quota, limit),
+        Policy::gcra("gcra", gcra, limit),
         Policy::uniform_gate("uniform_gate", span).expect("a span of 1 ms to a year"),
         Policy::leaky_bucket("leaky_bucket", quota, limit),
         Policy::concurrency("concurrency", limit, timeout).expect("a quota's window is valid"),
