@@ -26,15 +26,15 @@ end
 local cost = tonumber(ARGV[2])
 local n = #KEYS
 
-local count, reset, limit = {}, {}, {}
+local count, reset, limit, open = {}, {}, {}, {}
 for i = 1, n do
   limit[i] = tonumber(ARGV[1 + 2 * i])
   local stored = redis.call('HMGET', KEYS[i], 'c', 'r')
   local c, r = tonumber(stored[1]), tonumber(stored[2])
   if c and r and r > now then
-    count[i], reset[i] = c, r
+    count[i], reset[i], open[i] = c, r, true
   else
-    count[i], reset[i] = 0, now + tonumber(ARGV[2 + 2 * i])
+    count[i], reset[i], open[i] = 0, now + tonumber(ARGV[2 + 2 * i]), false
   end
 end
 
@@ -50,11 +50,18 @@ if rejected then
   return {0, limit[i], math.min(count[i], limit[i]), reset[i], reset[i] - now, now, i - 1}
 end
 
+-- Inside an open window only the count moves: HINCRBY keeps the expiry set
+-- when the window opened (its end does not change), and needs no number
+-- formatting. That halves the script's cost on the common path.
 if cost > 0 then
   for i = 1, n do
     count[i] = count[i] + cost
-    redis.call('HSET', KEYS[i], 'c', int(count[i]), 'r', int(reset[i]))
-    redis.call('PEXPIRE', KEYS[i], int(math.ceil((reset[i] - now) / 1000) + 1000))
+    if open[i] then
+      redis.call('HINCRBY', KEYS[i], 'c', ARGV[2])
+    else
+      redis.call('HSET', KEYS[i], 'c', ARGV[2], 'r', int(reset[i]))
+      redis.call('PEXPIRE', KEYS[i], int(math.ceil((reset[i] - now) / 1000) + 1000))
+    end
   end
 end
 
