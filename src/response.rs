@@ -1,12 +1,12 @@
 //! The responses the layer writes itself: 429, key errors, fail-closed 503.
 
 use axum::body::Body;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde_json::json;
 
 use crate::decision::{Decision, Scope};
-use crate::headers::RateLimitHeaders;
+use crate::headers::{decimal, RateLimitHeaders};
 use crate::quota::Policy;
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
@@ -28,27 +28,29 @@ pub(crate) fn limited(
     headers: RateLimitHeaders,
 ) -> Response<Body> {
     let retry_after = decision.retry_after_secs().unwrap_or(1);
-    let body = limited_body(policy.name(), decision, retry_after);
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.apply(response.headers_mut(), policy, decision);
-    if !response.headers().contains_key(RETRY_AFTER) {
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    // Room for content-type, every rate-limit header and Retry-After at
+    // once: the map is allocated once instead of growing twice.
+    let mut map = HeaderMap::with_capacity(12);
+    map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.apply(&mut map, policy, decision);
+    if !map.contains_key(RETRY_AFTER) {
+        map.insert(RETRY_AFTER, HeaderValue::from(retry_after));
     }
+    let mut response = Response::new(Body::from(limited_body(
+        policy.name(),
+        decision,
+        retry_after,
+    )));
+    *response.status_mut() = status;
+    *response.headers_mut() = map;
     response
 }
 
 /// `{"limit":..,"message":"..","reset":..,"resource":"..","retry_after":..,"scope":".."}`
 /// (the keys in the order `serde_json::json!` gave them), written straight
-/// into one string: a rejection must cost no more than a pass, and building
-/// a `json!` map took more time than the store's decision.
+/// into one string without `fmt`: a rejection must cost no more than a
+/// pass, and building a `json!` map took more time than the store's decision.
 fn limited_body(name: &str, decision: &Decision, retry_after: u64) -> String {
-    use std::fmt::Write;
     // Policy names are checked to be [A-Za-z0-9-_./]: nothing to escape. Any
     // other name still comes out as valid JSON.
     let escaped: String;
@@ -61,22 +63,34 @@ fn limited_body(name: &str, decision: &Decision, retry_after: u64) -> String {
         escaped = serde_json::Value::from(name).to_string();
         &escaped[1..escaped.len() - 1]
     };
+    let message = match decision.scope {
+        Scope::Resource => [
+            "Rate limit exceeded for resource '",
+            "': the limit shared by all callers is used up.",
+        ],
+        _ => ["API rate limit exceeded for resource '", "'."],
+    };
+    let mut digits = [0; 20];
     let mut body = String::with_capacity(192 + 2 * name.len());
-    let _ = write!(body, "{{\"limit\":{},\"message\":\"", decision.limit);
-    match decision.scope {
-        Scope::Resource => {
-            let _ = write!(body, "Rate limit exceeded for resource '{name}': the limit shared by all callers is used up.");
-        }
-        _ => {
-            let _ = write!(body, "API rate limit exceeded for resource '{name}'.");
-        }
+    for part in [
+        "{\"limit\":",
+        decimal(decision.limit, &mut digits),
+        ",\"message\":\"",
+        message[0],
+        name,
+        message[1],
+        "\",\"reset\":",
+    ] {
+        body.push_str(part);
     }
-    let _ = write!(
-        body,
-        "\",\"reset\":{},\"resource\":\"{name}\",\"retry_after\":{retry_after},\"scope\":\"{}\"}}",
-        decision.reset_epoch_secs(),
-        decision.scope.as_str(),
-    );
+    body.push_str(decimal(decision.reset_epoch_secs(), &mut digits));
+    for part in [",\"resource\":\"", name, "\",\"retry_after\":"] {
+        body.push_str(part);
+    }
+    body.push_str(decimal(retry_after, &mut digits));
+    for part in [",\"scope\":\"", decision.scope.as_str(), "\"}"] {
+        body.push_str(part);
+    }
     body
 }
 
