@@ -43,9 +43,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Clock, Key, ManualClock, MemoryStore, Policy, Quota, Receipt, RedisStore, Store, Strategy,
-    SystemClock,
+    Key, ManualClock, MemoryStore, Policy, Quota, Receipt, RedisStore, Store, Strategy,
 };
+
+/// 2023-11-14T22:00:00Z, in µs: where simulated time starts (a whole hour,
+/// so every window up to an hour starts on a boundary).
+const START_MICROS: u64 = 1_699_999_200_000_000;
 
 use crate::crowd::Crowd;
 use crate::events::{Event, Log};
@@ -193,8 +196,11 @@ async fn run() -> Result<(), String> {
     let config = Config::from_env()?;
     let backend = Backend::open(&config).await?;
     let arrivals = config.crowd.arrivals();
-    // Real time as the start, so that Redis expiries stay sensible.
-    let start = SystemClock.now_micros();
+    // A fixed start, a whole hour since the epoch: strategies that align
+    // their windows to the clock (the sliding-window counter) then see the
+    // same phase on every run, so a seed reproduces a run exactly. Redis
+    // expiries are relative to the simulated now, so any start works.
+    let start = START_MICROS;
     std::fs::create_dir_all(&config.out)
         .map_err(|e| format!("cannot create {}: {e}", config.out.display()))?;
 
