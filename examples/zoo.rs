@@ -254,8 +254,29 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .with_state(zoo))
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// On one core (say under `taskset`) a current-thread runtime, else Tokio's
+/// multi-thread one. With a single worker, the multi-thread scheduler runs a
+/// task it just woke next (its LIFO slot), so redis-rs's connection task wakes
+/// after every request and writes each script call on its own; on one thread
+/// the calls of requests that arrive together leave in one write. Measured by
+/// `scripts/load.sh` (BENCHMARKS.md): Redis-backed req/s up by about a sixth.
+fn main() -> ExitCode {
+    let one_core = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+    let mut builder = if one_core {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    match builder.enable_all().build() {
+        Ok(runtime) => runtime.block_on(serve()),
+        Err(e) => {
+            eprintln!("zoo: cannot start the Tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
