@@ -20,6 +20,11 @@
 --    or now), retry_after µs or -1, now µs, reported quota (always 0),
 --    and on a pass: the id (the release stamp)}
 
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
 local function int(x) return string.format('%.0f', x) end
 
 local now = tonumber(ARGV[1])
@@ -33,7 +38,7 @@ local timeout = tonumber(ARGV[4])
 local id = ARGV[5]
 
 local floor = math.max(now - timeout, 0)
-if cost > 0 then
+if cost > 0 and not dry_run then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(floor))
 end
 local live = '(' .. int(floor)
@@ -52,13 +57,15 @@ if count + cost > limit then
 end
 
 if cost > 0 then
-  local args = {}
-  for i = 0, cost - 1 do
-    args[#args + 1] = int(now)
-    args[#args + 1] = id .. ':' .. i
+  if not dry_run then
+    local args = {}
+    for i = 0, cost - 1 do
+      args[#args + 1] = int(now)
+      args[#args + 1] = id .. ':' .. i
+    end
+    redis.call('ZADD', KEYS[1], unpack(args))
+    redis.call('PEXPIRE', KEYS[1], int(math.ceil(timeout / 1000)))
   end
-  redis.call('ZADD', KEYS[1], unpack(args))
-  redis.call('PEXPIRE', KEYS[1], int(math.ceil(timeout / 1000)))
   count = count + cost
   if not newest or now > newest then newest = now end
 end

@@ -16,6 +16,11 @@
 --   {allowed 1|0, limit, used, reset_at µs, retry_after µs or -1, now µs,
 --    reported quota (0-based), window end of quota 1 .. n (refund stamps)}
 
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
 local function int(x) return string.format('%.0f', x) end
 
 local now = tonumber(ARGV[1])
@@ -53,9 +58,9 @@ end
 -- Inside an open window only the count moves: HINCRBY keeps the expiry set
 -- when the window opened (its end does not change), and needs no number
 -- formatting. That halves the script's cost on the common path.
-if cost > 0 then
+for i = 1, n do count[i] = count[i] + cost end
+if cost > 0 and not dry_run then
   for i = 1, n do
-    count[i] = count[i] + cost
     if open[i] then
       redis.call('HINCRBY', KEYS[i], 'c', ARGV[2])
     else

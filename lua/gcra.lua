@@ -19,6 +19,11 @@
 --    the bucket is full again), retry_after µs or -1, now µs, quota 0,
 --    [on a pass: the TAT set, the refund stamp]}
 
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
 local function int(x) return string.format('%.0f', x) end
 
 -- floor(a / b) for integers below 2^53: a double quotient can round up to
@@ -57,7 +62,7 @@ local next = start + cost * t
 if next - now > tolerance then
   return {0, limit, used_now, start, next - tolerance - now, now, 0}
 end
-if cost > 0 then
+if cost > 0 and not dry_run then
   redis.call('SET', KEYS[1], int(next), 'PX', int(math.ceil((next - now) / 1000) + 1000))
 end
 return {1, limit, limit - remaining(next), next, -1, now, 0, next}

@@ -18,6 +18,11 @@
 --    retry_after µs or -1, now µs, reported quota (always 0),
 --    and on a pass: slot end µs (the refund stamp), delay µs before leaving}
 
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
 local function int(x) return string.format('%.0f', x) end
 
 local now = tonumber(ARGV[1])
@@ -50,7 +55,7 @@ if after > full then
 end
 
 local finish = free_at + cost * interval
-if cost > 0 then
+if cost > 0 and not dry_run then
   redis.call('SET', KEYS[1], int(finish), 'PX', int(math.ceil((finish - now) / 1000) + 1000))
 end
 return {1, capacity, ceil_div(after, interval), finish, -1, now, 0, finish, level}

@@ -26,6 +26,11 @@
 --    retry_after µs or -1, now µs, reported quota (0 resource, 1 consumer),
 --    [on a pass: now µs, request id: the refund stamps]}
 
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
 local function int(x) return string.format('%.0f', x) end
 
 local now = tonumber(ARGV[1])
@@ -75,19 +80,21 @@ end
 if cost > 0 then
   local score = int(now)
   for i = 1, 2 do
-    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', int(cutoff[i]))
-    local batch = {}
-    for unit = 0, cost - 1 do
-      batch[#batch + 1] = score
-      batch[#batch + 1] = score .. ':' .. id .. ':' .. unit
-      if #batch >= 1000 or unit == cost - 1 then
-        redis.call('ZADD', KEYS[i], unpack(batch))
-        batch = {}
-      end
-    end
     n[i] = n[i] + cost
     newest[i] = math.max(newest[i] or now, now)
-    redis.call('PEXPIRE', KEYS[i], int(math.ceil((reset(i) - now) / 1000) + 1000))
+    if not dry_run then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', int(cutoff[i]))
+      local batch = {}
+      for unit = 0, cost - 1 do
+        batch[#batch + 1] = score
+        batch[#batch + 1] = score .. ':' .. id .. ':' .. unit
+        if #batch >= 1000 or unit == cost - 1 then
+          redis.call('ZADD', KEYS[i], unpack(batch))
+          batch = {}
+        end
+      end
+      redis.call('PEXPIRE', KEYS[i], int(math.ceil((reset(i) - now) / 1000) + 1000))
+    end
   end
 end
 

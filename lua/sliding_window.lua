@@ -25,6 +25,11 @@
 --    now µs, reported quota (0-based), [on a pass: window start of quota
 --    1 .. n, the refund stamps]}
 
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
 local function int(x) return string.format('%.0f', x) end
 
 local now = tonumber(ARGV[1])
@@ -105,6 +110,10 @@ end
 if cost > 0 then
   for i = 1, n do
     cur[i] = cur[i] + cost
+  end
+end
+if cost > 0 and not dry_run then
+  for i = 1, n do
     redis.call('HSET', KEYS[i], 's', int(start[i]), 'c', int(cur[i]), 'p', int(prev[i]))
     redis.call('PEXPIRE', KEYS[i], int(math.ceil((start[i] + 2 * window[i] - now) / 1000) + 1000))
   end

@@ -20,6 +20,11 @@
 --    open), retry_after µs or -1, now µs, quota 0, [on a pass: reopens at µs,
 --    the refund stamp]}
 
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
 local function int(x) return string.format('%.0f', x) end
 
 local now = tonumber(ARGV[1])
@@ -29,13 +34,18 @@ if now < 0 then
 end
 local cost = tonumber(ARGV[2])
 
-if cost == 0 then
-  local at = tonumber(redis.call('GET', KEYS[1]))
-  if at and at > now then return {1, 1, 1, at, -1, now, 0} end
-  return {1, 1, 0, now, -1, now, 0}
+local at = now + math.min(cost * tonumber(ARGV[3]), tonumber(ARGV[4]))
+if cost == 0 or dry_run then
+  local until_ = tonumber(redis.call('GET', KEYS[1]))
+  local closed = until_ and until_ > now
+  if cost == 0 then
+    if closed then return {1, 1, 1, until_, -1, now, 0} end
+    return {1, 1, 0, now, -1, now, 0}
+  end
+  if closed then return {0, 1, 1, until_, until_ - now, now, 0} end
+  return {1, 1, 1, at, -1, now, 0, at}
 end
 
-local at = now + math.min(cost * tonumber(ARGV[3]), tonumber(ARGV[4]))
 local px = int(math.ceil((at - now) / 1000) + 1000)
 local old = redis.call('SET', KEYS[1], int(at), 'NX', 'PX', px, 'GET')
 if old then

@@ -1,4 +1,5 @@
-//! The conformance suite against the memory store and a single Redis.
+//! The conformance suite against the memory store and a single Redis (with
+//! and without the pre-check).
 //! (Cluster and sharded topologies run it from `tests/topologies.rs`.)
 
 mod support;
@@ -23,10 +24,29 @@ async fn single_redis() -> Backend {
     Backend::new(store, clock)
 }
 
+/// A store that asks first with the read-only twin of each script, the same
+/// cost and no writes, then charges: every table must decide as without it.
+async fn pre_checking_redis() -> Backend {
+    let clock = ManualClock::new(T0);
+    let client = redis::Client::open(support::redis::shared_url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let store = RedisStore::from_manager(conn)
+        .prefix(support::redis::unique_prefix("conf-pre"))
+        .clock(clock.clone())
+        .pre_check(true)
+        .build()
+        .unwrap();
+    Backend::new(store, clock)
+}
+
 mod memory_store {
     crate::conformance_suite!(crate::memory);
 }
 
 mod redis_store {
     crate::conformance_suite!(crate::single_redis);
+}
+
+mod pre_checking_redis_store {
+    crate::conformance_suite!(crate::pre_checking_redis);
 }

@@ -13,7 +13,9 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use redis::Commands;
-use support::redis::{client_calls, reset_stats, shared_url, unique_prefix, RedisServer};
+use support::redis::{
+    client_calls, command_calls, reset_stats, shared_url, unique_prefix, RedisServer,
+};
 use tollgate::{
     FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store, StoreErrorKind,
 };
@@ -149,6 +151,114 @@ async fn a_deadpool_pool_adds_no_ping_per_decision() {
             .unwrap();
     }
     assert_eq!(client_calls(&server), [("evalsha".to_owned(), 50)].into());
+}
+
+/// Script calls that failed (`failed_calls` and `rejected_calls` of the
+/// `eval*` commands in `INFO commandstats`): a read-only script that tried
+/// to write would be one.
+fn failed_script_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_eval"))
+        .flat_map(|l| l.split(','))
+        .filter_map(|kv| {
+            kv.strip_prefix("failed_calls=")
+                .or_else(|| kv.strip_prefix("rejected_calls="))
+        })
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Commands that change data, as `INFO commandstats` names them.
+const WRITES: &[&str] = &[
+    "set",
+    "hset",
+    "hincrby",
+    "pexpire",
+    "zadd",
+    "zremrangebyscore",
+    "del",
+];
+
+#[tokio::test]
+async fn a_pre_check_alone_decides_a_rejection_and_never_writes() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_manager(
+        redis::Client::open(server.url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap(),
+    )
+    .prefix("pre")
+    .pre_check(true)
+    .build()
+    .unwrap();
+    let three = NonZeroU32::new(3).unwrap();
+    let policies = [
+        Policy::fixed_window("fixed", per_minute(3)).and(per_minute(100)),
+        Policy::sliding_window("window", per_minute(3)),
+        Policy::sliding_log("log", per_minute(100), per_minute(3)),
+        Policy::gcra("gcra", per_minute(3), three),
+        Policy::uniform_gate("gate", Duration::from_secs(10)).unwrap(),
+        Policy::leaky_bucket("leaky", per_minute(3), three),
+        Policy::concurrency("concurrency", three, Duration::from_secs(60)).unwrap(),
+    ];
+    for policy in &policies {
+        let name = policy.strategy().as_str();
+        // Load both scripts first: the counts below are of decisions alone.
+        store.check(policy, &Key::new("warm"), 1).await.unwrap();
+        store.peek(policy, &Key::new("warm")).await.unwrap();
+        reset_stats(&server);
+
+        let key = Key::new("k");
+        let mut passes = 0;
+        let rejected = loop {
+            let d = store.check(policy, &key, 1).await.unwrap();
+            if !d.allowed {
+                break d;
+            }
+            passes += 1;
+            assert!(passes <= 3, "{name}: {d:?}");
+        };
+        assert_eq!(rejected.remaining, 0, "{name}: {rejected:?}");
+        assert!(rejected.retry_after.is_some(), "{name}: {rejected:?}");
+        let expected = if name == "concurrency" {
+            // Its rejections end with any response: the primary decides.
+            [("evalsha".to_owned(), passes + 1)].into()
+        } else {
+            [
+                ("evalsha".to_owned(), passes),
+                ("evalsha_ro".to_owned(), passes + 1),
+            ]
+            .into()
+        };
+        assert_eq!(client_calls(&server), expected, "{name}");
+        assert_eq!(failed_script_calls(&server), 0, "{name}");
+
+        // Rejections after that are one read-only call that writes nothing.
+        reset_stats(&server);
+        let again = store.check(policy, &key, 1).await.unwrap();
+        assert!(!again.allowed, "{name}");
+        assert_eq!(
+            (again.limit, again.used, again.reset_at_micros),
+            (rejected.limit, rejected.used, rejected.reset_at_micros),
+            "{name}"
+        );
+        if name != "concurrency" {
+            let calls = command_calls(&server);
+            assert_eq!(calls.get("evalsha_ro"), Some(&1), "{name}: {calls:?}");
+            assert!(!calls.contains_key("evalsha"), "{name}: {calls:?}");
+            let wrote: Vec<_> = calls
+                .keys()
+                .filter(|c| WRITES.contains(&c.as_str()))
+                .collect();
+            assert!(wrote.is_empty(), "{name} wrote {wrote:?}");
+        }
+    }
 }
 
 #[tokio::test]

@@ -18,6 +18,8 @@ mod cluster;
 mod failover;
 #[path = "topologies/load.rs"]
 mod load;
+#[path = "topologies/pre_check.rs"]
+mod pre_check;
 #[path = "topologies/resharding.rs"]
 mod resharding;
 #[path = "topologies/sentinel.rs"]

@@ -37,8 +37,8 @@ pub(crate) const DEFAULT_RETRIES: u32 = 5;
 ///   sends the source with `EVAL` to that same node. `SCRIPT LOAD` would not
 ///   do: redis-rs sends it to every node and fails it if any node is down,
 ///   which is exactly the case after a primary dies.
-/// - With [`read_from_replicas`](Self::read_from_replicas), peeks
-///   (`EVALSHA_RO`) go to replicas, round-robin per shard.
+/// - With [`read_from_replicas`](Self::read_from_replicas), peeks and
+///   pre-checks (`EVALSHA_RO`) go to replicas, round-robin per shard.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -72,8 +72,10 @@ impl ClusterConfig {
         }
     }
 
-    /// Sends peeks (`EVALSHA_RO`) to replicas, round-robin within each
-    /// shard. Off by default; charging scripts always go to primaries.
+    /// Sends peeks and pre-checks (`EVALSHA_RO`; see
+    /// [`RedisStoreBuilder::pre_check`](crate::RedisStoreBuilder::pre_check))
+    /// to replicas, round-robin within each shard. Off by default; charging
+    /// scripts always go to primaries.
     ///
     /// Replicas may lag a little, so a peek may show slightly older numbers;
     /// it never shows an ended window as exhausted, because the script treats
@@ -119,6 +121,7 @@ impl ClusterConfig {
         Ok(RedisStoreBuilder::new(Connection::Cluster(
             conn,
             self.retries,
+            self.read_from_replicas,
         )))
     }
 }

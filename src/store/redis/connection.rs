@@ -22,8 +22,8 @@ pub(crate) enum Connection {
     /// A deadpool-redis pool, used without a checkout per decision.
     Pool(Arc<PooledConnection>),
     /// Redis Cluster: routes each script by its keys' hash slot, with this
-    /// many retries.
-    Cluster(ClusterConnection, u32),
+    /// many retries; whether read-only calls may go to replicas.
+    Cluster(ClusterConnection, u32, bool),
     /// Independent primaries (and replicas), picked by the keys' hash tag.
     Sharded(Arc<Shards>),
     /// The primary Redis Sentinel names, rediscovered after a failover.
@@ -44,6 +44,16 @@ impl fmt::Debug for Connection {
 }
 
 impl Connection {
+    /// Whether read-only calls (peeks, pre-checks) may go to replicas.
+    pub(crate) fn reads_from_replicas(&self) -> bool {
+        match self {
+            Connection::Manager(_) | Connection::Multiplexed(_) | Connection::Pool(_) => false,
+            Connection::Cluster(_, _, replicas) => *replicas,
+            Connection::Sharded(s) => s.reads_from_replicas(),
+            Connection::Sentinel(s) => s.reads_from_replicas(),
+        }
+    }
+
     /// Runs `script` in one round trip (see [`LuaScript::eval`]).
     pub(crate) async fn eval<A: ToRedisArgs + Sync>(
         &self,
@@ -55,7 +65,7 @@ impl Connection {
         match self {
             Connection::Manager(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
             Connection::Multiplexed(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
-            Connection::Cluster(c, retries) => {
+            Connection::Cluster(c, retries, _) => {
                 super::cluster::eval(&mut c.clone(), *retries, script, keys, args, read_only).await
             }
             Connection::Pool(p) => p.eval(script, keys, args, read_only).await,

@@ -65,6 +65,7 @@ struct Inner {
     conn: Connection,
     keys: KeySpace,
     clock: Option<Arc<dyn Clock>>,
+    pre_check: bool,
 }
 
 /// Options for a [`RedisStore`]; made by its `from_*` constructors.
@@ -86,6 +87,7 @@ pub struct RedisStoreBuilder {
     conn: Connection,
     prefix: Option<String>,
     clock: Option<Arc<dyn Clock>>,
+    pre_check: bool,
 }
 
 impl RedisStoreBuilder {
@@ -94,6 +96,7 @@ impl RedisStoreBuilder {
             conn,
             prefix: None,
             clock: None,
+            pre_check: false,
         }
     }
 
@@ -109,8 +112,52 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Asks a replica first whether a charge would fit, and only then the
+    /// primary; off by default.
+    ///
+    /// Under a flood most requests are rejections. With a pre-check they are
+    /// decided by a read-only run of the same script, with the same cost, on
+    /// a replica (`EVALSHA_RO`, see `read_from_replicas` on
+    /// [`ClusterConfig`], [`ShardedConfig`] and [`SentinelConfig`]), so the
+    /// primaries only see requests that will probably pass. A rejection's
+    /// headers come from that one reply. A request the replica admits is then
+    /// charged, and decided, by the primary as usual: the primary alone ever
+    /// admits, so the limit holds however far a replica lags.
+    ///
+    /// The price: a request that passes costs two round trips, and a replica
+    /// a few milliseconds behind may reject a request the primary would just
+    /// have admitted (a refund or a window that ended on the primary since;
+    /// a window whose stored end is past is empty on every server). Not used
+    /// for the concurrency limit, whose rejections end whenever a response
+    /// does. Without replica reads the pre-check goes to the primary too,
+    /// which only adds a round trip; `build` then logs a warning.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{RedisStore, Shard};
+    ///
+    /// let store = RedisStore::sharded([
+    ///     Shard::new("a", "redis://10.0.0.1:6379/").replica("redis://10.0.0.2:6379/"),
+    /// ])
+    /// .read_from_replicas(true)
+    /// .connect()
+    /// .await?
+    /// .pre_check(true)
+    /// .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn pre_check(mut self, yes: bool) -> Self {
+        self.pre_check = yes;
+        self
+    }
+
     /// The store, or why the options cannot work.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
+        if self.pre_check && !self.conn.reads_from_replicas() {
+            tracing::warn!(
+                "pre-check on without replica reads: it runs on the primary and only adds a round trip"
+            );
+        }
         let keys = match self.prefix {
             Some(prefix) => KeySpace::new(prefix)?,
             None => KeySpace::default(),
@@ -120,6 +167,7 @@ impl RedisStoreBuilder {
                 conn: self.conn,
                 keys,
                 clock: self.clock,
+                pre_check: self.pre_check,
             }),
         })
     }
@@ -165,7 +213,12 @@ impl RedisStore {
     /// which wait 1.28 s or more between attempts by default and can lose
     /// `ASKING` to a concurrent request during a slot migration.
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(Connection::Cluster(conn, cluster::DEFAULT_RETRIES))
+        RedisStoreBuilder::new(Connection::Cluster(
+            conn,
+            cluster::DEFAULT_RETRIES,
+            // Its read routing is the caller's: assume it may use replicas.
+            true,
+        ))
     }
 
     /// Redis Cluster, reached through any of the seed `nodes`; see
@@ -448,7 +501,18 @@ impl Store for RedisStore {
         key: &'a Key,
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.decide(policy, key, cost, false))
+        Box::pin(async move {
+            if self.inner.pre_check && cost > 0 && policy.strategy().rejection_is_stable() {
+                match self.decide(policy, key, cost, true).await {
+                    Ok(decision) if !decision.allowed => return Ok(decision),
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::debug!(error = %err, "pre-check failed; asking the primary")
+                    }
+                }
+            }
+            self.decide(policy, key, cost, false).await
+        })
     }
 
     fn peek<'a>(

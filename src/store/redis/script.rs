@@ -19,10 +19,26 @@ impl LuaScript {
         Self { name, source, sha }
     }
 
-    /// Peek scripts run unchanged but flagged read-only, so Redis refuses any
-    /// write they might attempt and lets replicas run them (`EVALSHA_RO`).
+    /// A script flagged read-only, so Redis refuses any write and lets
+    /// replicas run it (`EVALSHA_RO`).
     pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
         Self::new(name, format!("#!lua flags=no-writes\n{source}"))
+    }
+
+    /// The no-writes twin of a decision script, for peeks and pre-checks:
+    /// [read-only](Self::read_only), with its `dry_run` switched on, so it
+    /// decides as if charging the cost it is given and writes nothing.
+    pub(crate) fn dry_run(name: &'static str, source: &str) -> Self {
+        const MARKER: &str = "\nlocal dry_run = false\n";
+        assert_eq!(
+            source.matches(MARKER).count(),
+            1,
+            "lua/{name}.lua must declare `local dry_run = false` once"
+        );
+        Self::read_only(
+            name,
+            &source.replacen(MARKER, "\nlocal dry_run = true\n", 1),
+        )
     }
 
     /// One round trip: `EVALSHA` (or `EVALSHA_RO`). Only when Redis answers
@@ -110,7 +126,7 @@ impl Trio {
     fn new(name: &'static str, check: &str, refund: &str) -> Self {
         Self {
             check: LuaScript::new(name, check.into()),
-            peek: LuaScript::read_only(name, check),
+            peek: LuaScript::dry_run(name, check),
             refund: LuaScript::new(name, refund.into()),
         }
     }
@@ -131,7 +147,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let concurrency = include_str!("../../../lua/concurrency.lua");
     Scripts {
         fixed_window: LuaScript::new("fixed_window", fixed_window.into()),
-        fixed_window_peek: LuaScript::read_only("fixed_window_peek", fixed_window),
+        fixed_window_peek: LuaScript::dry_run("fixed_window_peek", fixed_window),
         fixed_window_refund: LuaScript::new(
             "fixed_window_refund",
             include_str!("../../../lua/fixed_window_refund.lua").into(),
@@ -157,13 +173,13 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
             include_str!("../../../lua/gcra_refund.lua"),
         ),
         leaky_bucket: LuaScript::new("leaky_bucket", leaky_bucket.into()),
-        leaky_bucket_peek: LuaScript::read_only("leaky_bucket_peek", leaky_bucket),
+        leaky_bucket_peek: LuaScript::dry_run("leaky_bucket_peek", leaky_bucket),
         leaky_bucket_refund: LuaScript::new(
             "leaky_bucket_refund",
             include_str!("../../../lua/leaky_bucket_refund.lua").into(),
         ),
         concurrency: LuaScript::new("concurrency", concurrency.into()),
-        concurrency_peek: LuaScript::read_only("concurrency_peek", concurrency),
+        concurrency_peek: LuaScript::dry_run("concurrency_peek", concurrency),
         concurrency_release: LuaScript::new(
             "concurrency_release",
             include_str!("../../../lua/concurrency_release.lua").into(),

@@ -39,6 +39,9 @@ const WATCH_EVERY: Duration = Duration::from_millis(250);
 /// the switch and had not sent to its replica (replication is asynchronous):
 /// callers may then get those few requests again.
 ///
+/// With [`read_from_replicas`](Self::read_from_replicas), peeks and
+/// pre-checks go to a replica the sentinels list.
+///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use tollgate::RedisStore;
@@ -57,6 +60,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(250);
 pub struct SentinelConfig {
     sentinels: Vec<String>,
     master_name: String,
+    read_from_replicas: bool,
     connection_timeout: Duration,
     response_timeout: Duration,
 }
@@ -69,9 +73,34 @@ impl SentinelConfig {
         Self {
             sentinels: sentinels.into_iter().map(Into::into).collect(),
             master_name: master_name.into(),
+            read_from_replicas: false,
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
         }
+    }
+
+    /// Sends peeks and pre-checks (`EVALSHA_RO`; see
+    /// [`RedisStoreBuilder::pre_check`](crate::RedisStoreBuilder::pre_check))
+    /// to one replica the sentinels list as healthy, and to the primary when
+    /// there is none or it fails; the store looks for another in the
+    /// background. Off by default. Charging scripts always go to the primary.
+    ///
+    /// A replica may lag a little, so a peek may show slightly older numbers;
+    /// it never shows an ended window as exhausted, because the scripts treat
+    /// a stored window end in the past as an empty window.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tollgate::RedisStore::sentinel(["redis://127.0.0.1:26379/"], "mymaster")
+    ///     .read_from_replicas(true)
+    ///     .connect()
+    ///     .await?
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read_from_replicas(mut self, yes: bool) -> Self {
+        self.read_from_replicas = yes;
+        self
     }
 
     /// How long to wait for a TCP connection, and for each reply (default
@@ -98,6 +127,19 @@ impl SentinelConfig {
             None,
             SentinelServerType::Master,
         )?;
+        let replicas = if self.read_from_replicas {
+            Some(Replicas {
+                client: tokio::sync::Mutex::new(SentinelClient::build(
+                    self.sentinels.iter().map(String::as_str).collect(),
+                    self.master_name.clone(),
+                    None,
+                    SentinelServerType::Replica,
+                )?),
+                current: Mutex::new(None),
+            })
+        } else {
+            None
+        };
         let watched = self
             .sentinels
             .iter()
@@ -116,8 +158,10 @@ impl SentinelConfig {
                 retry_at: None,
                 hint: None,
             }),
+            replicas,
         };
         conn.connection().await?;
+        conn.find_replica().await;
         let conn = Arc::new(conn);
         tokio::spawn(watch(Arc::downgrade(&conn), watched));
         Ok(RedisStoreBuilder::new(Connection::Sentinel(conn)))
@@ -132,6 +176,21 @@ pub(crate) struct SentinelConnection {
     config: AsyncConnectionConfig,
     discovery_timeout: Duration,
     state: Mutex<State>,
+    /// Where read-only calls go, when asked to read from replicas.
+    replicas: Option<Replicas>,
+}
+
+/// A connection to one replica the sentinels named, for read-only calls.
+struct Replicas {
+    /// Asks the sentinels for a healthy replica (one at a time).
+    client: tokio::sync::Mutex<SentinelClient>,
+    current: Mutex<Option<MultiplexedConnection>>,
+}
+
+impl Replicas {
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// A server's host and port.
@@ -238,9 +297,71 @@ impl SentinelConnection {
         }
     }
 
-    /// Runs `script` on the primary; forgets the connection when it broke or
-    /// reached a server that is no longer primary, so the next call asks
-    /// the sentinels again.
+    /// Whether read-only calls may go to a replica.
+    pub(crate) fn reads_from_replicas(&self) -> bool {
+        self.replicas.is_some()
+    }
+
+    /// Connects to a replica the sentinels name, when reading from replicas
+    /// and none is connected; leaves reads on the primary if none answers.
+    async fn find_replica(&self) {
+        let Some(replicas) = &self.replicas else {
+            return;
+        };
+        if replicas.current().is_some() {
+            return;
+        }
+        let mut client = replicas.client.lock().await;
+        let found = tokio::time::timeout(self.discovery_timeout, async {
+            client
+                .async_get_client()
+                .await?
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await
+        })
+        .await;
+        match found {
+            Ok(Ok(conn)) => {
+                tracing::info!(master = self.master_name, "reading from a replica");
+                *replicas.current() = Some(conn);
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(master = self.master_name, error = %err, "no replica to read from");
+            }
+            Err(_) => tracing::debug!(master = self.master_name, "no replica named in time"),
+        }
+    }
+
+    /// Runs a read-only `script` on the replica in use, if any; forgets the
+    /// replica when it fails (the watcher finds another).
+    async fn eval_on_replica<A: ToRedisArgs + Sync>(
+        &self,
+        script: &LuaScript,
+        keys: &[String],
+        args: &[A],
+    ) -> Option<Value> {
+        let replicas = self.replicas.as_ref()?;
+        let mut conn = replicas.current().clone()?;
+        match script.eval(&mut conn, keys, args, true).await {
+            Ok(value) => Some(value),
+            Err(err) => {
+                tracing::debug!(master = self.master_name, error = %err,
+                    "a replica failed a read; asking the primary");
+                if !matches!(
+                    err.kind(),
+                    ErrorKind::Server(ServerErrorKind::ResponseError)
+                ) {
+                    replicas.current().take();
+                }
+                None
+            }
+        }
+    }
+
+    /// Runs `script` on the primary (a read-only one on a replica first, when
+    /// configured); forgets the primary's connection when it broke or
+    /// reached a server that is no longer primary, so the next call asks the
+    /// sentinels again.
     pub(crate) async fn eval<A: ToRedisArgs + Sync>(
         &self,
         script: &LuaScript,
@@ -248,6 +369,11 @@ impl SentinelConnection {
         args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
+        if read_only {
+            if let Some(value) = self.eval_on_replica(script, keys, args).await {
+                return Ok(value);
+            }
+        }
         let (mut conn, generation) = self.connection().await?;
         let result = script.eval(&mut conn, keys, args, read_only).await;
         if let Err(err) = &result {
@@ -299,6 +425,7 @@ async fn watch(store: Weak<SentinelConnection>, sentinels: Vec<redis::Client>) {
         let Some(store) = store.upgrade() else {
             return;
         };
+        store.find_replica().await;
         if conn.is_none() {
             let client = &sentinels[next % sentinels.len()];
             next += 1;

@@ -101,9 +101,11 @@ impl ShardedConfig {
         }
     }
 
-    /// Sends peeks (`EVALSHA_RO`) to the shard's replicas, round-robin, and
-    /// to the primary when a replica fails or the shard has none. Off by
-    /// default. Charging scripts always go to the primary.
+    /// Sends peeks and pre-checks (`EVALSHA_RO`; see
+    /// [`RedisStoreBuilder::pre_check`](crate::RedisStoreBuilder::pre_check))
+    /// to the shard's replicas, round-robin, and to the primary when a
+    /// replica fails or the shard has none. Off by default. Charging scripts
+    /// always go to the primary.
     ///
     /// A replica may lag a little behind, so a peek may show slightly older
     /// numbers; it never shows an ended window as exhausted, because the
@@ -207,6 +209,11 @@ impl fmt::Debug for Shards {
 }
 
 impl Shards {
+    /// Whether read-only calls may go to a replica.
+    pub(crate) fn reads_from_replicas(&self) -> bool {
+        self.read_from_replicas && self.nodes.iter().any(|n| !n.replicas.is_empty())
+    }
+
     /// Runs `script` on the shard that owns `keys` (their shared hash tag):
     /// on its primary, or for a read-only call on a replica when configured,
     /// falling back to the primary if the replica fails.
