@@ -288,7 +288,11 @@ fn redis(c: &mut Criterion) {
             (Some(server), url)
         }
     };
-    let client = redis::Client::open(url.as_str()).unwrap();
+    // TCP_NODELAY, as the store's own constructors set it.
+    let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+        .unwrap()
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    let client = redis::Client::open(info).unwrap();
     let conn = rt
         .block_on(client.get_multiplexed_async_connection())
         .unwrap();

@@ -261,6 +261,143 @@ async fn a_pre_check_alone_decides_a_rejection_and_never_writes() {
     }
 }
 
+async fn batching_store(url: &str, batching: bool) -> RedisStore {
+    let conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    RedisStore::from_connection(conn)
+        .prefix("batch")
+        .batching(batching)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn concurrent_decisions_share_script_calls_and_decide_as_if_alone() {
+    let server = RedisServer::start();
+    for batching in [true, false] {
+        let store = std::sync::Arc::new(batching_store(&server.url(), batching).await);
+        let policy = Policy::fixed_window(format!("crowd-{batching}"), per_minute(50));
+        store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+        let decisions: Vec<_> = (0..200)
+            .map(|_| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(async move { store.check(&policy, &Key::new("k"), 1).await })
+            })
+            .collect();
+        reset_stats(&server);
+        let mut used = Vec::new();
+        for d in decisions {
+            let d = d.await.unwrap().unwrap();
+            if d.allowed {
+                used.push(d.used);
+            }
+        }
+        used.sort_unstable();
+        assert_eq!(used, (1..=50).collect::<Vec<u64>>(), "batching {batching}");
+        let calls: u64 = client_calls(&server)
+            .iter()
+            .filter(|(c, _)| c.starts_with("eval"))
+            .map(|(_, n)| n)
+            .sum();
+        if batching {
+            assert!(calls < 50, "200 concurrent decisions took {calls} calls");
+        } else {
+            assert_eq!(calls, 200);
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_strategy_decides_the_same_batched_or_alone() {
+    let server = RedisServer::start();
+    let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
+    let three = NonZeroU32::new(3).unwrap();
+    let policies = [
+        Policy::fixed_window("fixed", per_minute(7)).and(per_minute(100)),
+        Policy::sliding_window("window", per_minute(7)),
+        Policy::sliding_log("log", per_minute(100), per_minute(7)),
+        Policy::gcra("gcra", per_minute(7), three),
+        Policy::uniform_gate("gate", Duration::from_secs(10)).unwrap(),
+        Policy::leaky_bucket("leaky", per_minute(7), three),
+        Policy::concurrency("concurrency", three, Duration::from_secs(60)).unwrap(),
+    ];
+    let mut outcomes = Vec::new();
+    for batching in [false, true] {
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let store = std::sync::Arc::new(
+            RedisStore::from_connection(conn)
+                .prefix(format!("same-{batching}"))
+                .clock(clock.clone())
+                .batching(batching)
+                .build()
+                .unwrap(),
+        );
+        let mut seen = Vec::new();
+        for policy in &policies {
+            let decisions: Vec<_> = (0..20)
+                .map(|i| {
+                    let (store, policy) = (store.clone(), policy.clone());
+                    let cost = 1 + i % 2;
+                    tokio::spawn(async move { store.check(&policy, &Key::new("k"), cost).await })
+                })
+                .collect();
+            let mut summary = Vec::new();
+            for d in decisions {
+                let d = d.await.unwrap().unwrap();
+                summary.push((d.allowed, d.used, d.remaining, d.reset_at_micros));
+            }
+            summary.sort_unstable();
+            seen.push((policy.strategy().as_str(), summary));
+        }
+        outcomes.push(seen);
+    }
+    assert_eq!(outcomes[0], outcomes[1]);
+}
+
+#[tokio::test]
+async fn a_decision_that_fails_in_a_batch_fails_alone() {
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = Policy::fixed_window("core", per_minute(10));
+    store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+    let _: () = server
+        .conn()
+        .set_ex("batch:{core|bad}:fixed_window:0", "x", 60)
+        .unwrap();
+    reset_stats(&server);
+    let decisions: Vec<_> = (0..21)
+        .map(|i| {
+            let (store, policy) = (store.clone(), policy.clone());
+            let key = if i == 10 {
+                "bad".to_owned()
+            } else {
+                format!("good{i}")
+            };
+            tokio::spawn(async move { store.check(&policy, &Key::new(key), 1).await })
+        })
+        .collect();
+    for (i, d) in decisions.into_iter().enumerate() {
+        let d = d.await.unwrap();
+        if i == 10 {
+            assert_eq!(d.unwrap_err().kind(), StoreErrorKind::Rejected);
+        } else {
+            assert!(d.unwrap().allowed, "{i}");
+        }
+    }
+    let calls = client_calls(&server);
+    assert!(
+        calls.get("evalsha").copied().unwrap_or(0) < 21,
+        "the decisions went out together: {calls:?}"
+    );
+}
+
 #[tokio::test]
 async fn script_flush_is_recovered_without_a_failed_decision() {
     let server = RedisServer::start();

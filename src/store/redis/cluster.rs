@@ -112,6 +112,7 @@ impl ClusterConfig {
         let mut builder = ClusterClientBuilder::new(self.nodes)
             .connection_timeout(self.connection_timeout)
             .response_timeout(self.response_timeout)
+            .tcp_settings(super::connection::tcp_settings())
             // The store retries and follows redirections itself (see above).
             .retries(0);
         if self.read_from_replicas {

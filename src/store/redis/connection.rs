@@ -6,11 +6,26 @@ use std::sync::{Arc, Mutex};
 use deadpool_redis::Pool;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisResult, ToRedisArgs, Value};
+use redis::io::tcp::TcpSettings;
+use redis::{Client, IntoConnectionInfo, RedisResult, ToRedisArgs, Value};
 
 use super::script::LuaScript;
 use super::sentinel::SentinelConnection;
 use super::shards::Shards;
+
+/// TCP settings for every connection the store opens: `TCP_NODELAY`, which
+/// redis-rs leaves off. With Nagle's algorithm on, a script call written
+/// while an earlier one is unacknowledged waits for that acknowledgement,
+/// which under concurrent decisions adds a round trip to many of them.
+pub(crate) fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+/// A client for `url` with [`tcp_settings`].
+pub(crate) fn client(url: impl IntoConnectionInfo) -> RedisResult<Client> {
+    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
+    Client::open(info)
+}
 
 /// A handle to Redis that can run a script. Cloning is cheap.
 #[derive(Clone)]

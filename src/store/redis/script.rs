@@ -41,6 +41,18 @@ impl LuaScript {
         )
     }
 
+    /// The batch wrapper of a decision script (`lua/batch.lua`): runs several
+    /// decisions, each exactly as the script alone would, in one call.
+    pub(crate) fn batch_of(name: &'static str, source: &str) -> Self {
+        Self::new(
+            name,
+            format!(
+                "local function decide(KEYS, ARGV)\n{source}\nend\n{}",
+                include_str!("../../../lua/batch.lua")
+            ),
+        )
+    }
+
     /// One round trip: `EVALSHA` (or `EVALSHA_RO`). Only when Redis answers
     /// `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restarted or failed-over
     /// server) is the script loaded and the call repeated.
@@ -111,6 +123,18 @@ pub(crate) struct Scripts {
     pub(crate) concurrency: LuaScript,
     pub(crate) concurrency_peek: LuaScript,
     pub(crate) concurrency_release: LuaScript,
+    /// Each charging script beside its batch wrapper.
+    batches: Vec<(String, LuaScript)>,
+}
+
+impl Scripts {
+    /// The batch wrapper of the charging script `check`, if it has one.
+    pub(crate) fn batch_of(&self, check: &LuaScript) -> Option<&LuaScript> {
+        self.batches
+            .iter()
+            .find(|(sha, _)| *sha == check.sha)
+            .map(|(_, batch)| batch)
+    }
 }
 
 /// A strategy's decision script, the same flagged read-only for peeks, and
@@ -145,7 +169,30 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let fixed_window = include_str!("../../../lua/fixed_window.lua");
     let leaky_bucket = include_str!("../../../lua/leaky_bucket.lua");
     let concurrency = include_str!("../../../lua/concurrency.lua");
+    let checks = [
+        ("fixed_window", fixed_window),
+        (
+            "uniform_gate",
+            include_str!("../../../lua/uniform_gate.lua"),
+        ),
+        ("sliding_log", include_str!("../../../lua/sliding_log.lua")),
+        (
+            "sliding_window",
+            include_str!("../../../lua/sliding_window.lua"),
+        ),
+        ("gcra", include_str!("../../../lua/gcra.lua")),
+        ("leaky_bucket", leaky_bucket),
+        ("concurrency", concurrency),
+    ];
+    let batches = checks
+        .iter()
+        .map(|&(name, source)| {
+            let sha = LuaScript::new(name, source.into()).sha;
+            (sha, LuaScript::batch_of(name, source))
+        })
+        .collect();
     Scripts {
+        batches,
         fixed_window: LuaScript::new("fixed_window", fixed_window.into()),
         fixed_window_peek: LuaScript::dry_run("fixed_window_peek", fixed_window),
         fixed_window_refund: LuaScript::new(

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult, ServerErrorKind,
     ToRedisArgs, Value,
@@ -124,7 +124,7 @@ impl SentinelConfig {
         let client = SentinelClient::build(
             self.sentinels.iter().map(String::as_str).collect(),
             self.master_name.clone(),
-            None,
+            Some(node_settings()),
             SentinelServerType::Master,
         )?;
         let replicas = if self.read_from_replicas {
@@ -132,7 +132,7 @@ impl SentinelConfig {
                 client: tokio::sync::Mutex::new(SentinelClient::build(
                     self.sentinels.iter().map(String::as_str).collect(),
                     self.master_name.clone(),
-                    None,
+                    Some(node_settings()),
                     SentinelServerType::Replica,
                 )?),
                 current: Mutex::new(None),
@@ -166,6 +166,11 @@ impl SentinelConfig {
         tokio::spawn(watch(Arc::downgrade(&conn), watched));
         Ok(RedisStoreBuilder::new(Connection::Sentinel(conn)))
     }
+}
+
+/// How to connect to the servers the sentinels name.
+fn node_settings() -> SentinelNodeConnectionInfo {
+    SentinelNodeConnectionInfo::default().set_tcp_settings(super::connection::tcp_settings())
 }
 
 /// The connection to whichever server Sentinel calls the primary.
@@ -255,7 +260,7 @@ impl SentinelConnection {
             // directly. Asking the sentinels again could still name the old
             // one, which believes it is primary until it is demoted.
             let primary = match hint {
-                Some((host, port)) => redis::Client::open((host.as_str(), port))?,
+                Some((host, port)) => super::connection::client((host.as_str(), port))?,
                 None => client.async_get_client().await?,
             };
             let addr = match primary.get_connection_info().addr() {

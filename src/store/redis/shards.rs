@@ -140,7 +140,7 @@ impl ShardedConfig {
             .set_max_delay(Duration::from_millis(500));
         let mut nodes = Vec::with_capacity(self.shards.len());
         for shard in &self.shards {
-            let client = redis::Client::open(shard.primary.as_str())?;
+            let client = super::connection::client(shard.primary.as_str())?;
             let primary = ConnectionManager::new_with_config(client, config.clone())
                 .await
                 .map_err(|err| {
@@ -151,7 +151,7 @@ impl ShardedConfig {
                 .replicas
                 .iter()
                 .map(|url| {
-                    let client = redis::Client::open(url.as_str())?;
+                    let client = super::connection::client(url.as_str())?;
                     ConnectionManager::new_lazy_with_config(client, config.clone())
                 })
                 .collect::<RedisResult<Vec<_>>>()?;
