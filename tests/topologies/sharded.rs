@@ -187,3 +187,45 @@ async fn a_bad_shard_list_is_refused_when_connecting() {
         assert!(RedisStore::sharded(shards).connect().await.is_err());
     }
 }
+
+/// On one thread, as the zoo runs with one core: every decision queues
+/// before the batching task looks.
+#[tokio::test]
+async fn concurrent_decisions_are_batched_per_shard_and_keep_every_limit() {
+    let pairs = [Pair::start(), Pair::start()];
+    let store = Arc::new(
+        RedisStore::sharded([pairs[0].shard("a"), pairs[1].shard("b")])
+            .connect()
+            .await
+            .unwrap()
+            .prefix(unique_prefix("batched"))
+            .build()
+            .unwrap(),
+    );
+    let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()));
+    store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+    pairs.iter().for_each(|p| reset_stats(&p.primary));
+    let decisions: Vec<_> = (0..400)
+        .map(|i| {
+            let (store, policy) = (store.clone(), policy.clone());
+            let caller = format!("caller-{}", i % 20);
+            tokio::spawn(async move {
+                let d = store.check(&policy, &Key::new(&caller), 1).await.unwrap();
+                (caller, d.allowed)
+            })
+        })
+        .collect();
+    let mut admitted = std::collections::BTreeMap::new();
+    for d in decisions {
+        let (caller, allowed) = d.await.unwrap();
+        *admitted.entry(caller).or_insert(0) += u32::from(allowed);
+    }
+    assert_eq!(admitted.len(), 20);
+    assert!(admitted.values().all(|&n| n == 5), "{admitted:?}");
+    let calls: u64 = pairs
+        .iter()
+        .flat_map(|p| script_calls(&p.primary).into_values())
+        .sum();
+    println!("400 concurrent decisions over 2 shards: {calls} script calls");
+    assert!(calls <= 40, "{calls} script calls for 400 decisions");
+}

@@ -68,8 +68,9 @@ struct Inner {
     keys: KeySpace,
     clock: Option<Arc<dyn Clock>>,
     pre_check: bool,
-    /// Sends concurrent charging calls together (one server only).
-    batcher: Option<Batcher>,
+    /// Sends concurrent charging calls together: one per server (a shard's
+    /// primary); none when batching is off or on a cluster.
+    batchers: Vec<Batcher>,
 }
 
 /// Options for a [`RedisStore`]; made by its `from_*` constructors.
@@ -158,8 +159,7 @@ impl RedisStoreBuilder {
     }
 
     /// Sends the decisions of concurrent requests together, in one script
-    /// call (on by default; one server, Sentinel included, not Cluster or
-    /// shards).
+    /// call per server (on by default; not on Redis Cluster).
     ///
     /// A decision that finds nothing queued goes out at once, alone, so
     /// batching never makes a request wait for others. Decisions that queue
@@ -193,20 +193,18 @@ impl RedisStoreBuilder {
             Some(prefix) => KeySpace::new(prefix)?,
             None => KeySpace::default(),
         };
-        let batcher = match self.conn {
-            Connection::Manager(_)
-            | Connection::Multiplexed(_)
-            | Connection::Pool(_)
-            | Connection::Sentinel(_)
-                if self.batching =>
-            {
-                Some(Batcher::new(self.conn.clone()))
-            }
-            _ => None,
+        let batchers = match &self.conn {
+            _ if !self.batching => Vec::new(),
+            Connection::Cluster(..) => Vec::new(),
+            Connection::Sharded(shards) => shards
+                .primaries()
+                .map(|primary| Batcher::new(Connection::Manager(primary)))
+                .collect(),
+            _ => vec![Batcher::new(self.conn.clone())],
         };
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                batcher,
+                batchers,
                 conn: self.conn,
                 keys,
                 clock: self.clock,
@@ -360,8 +358,13 @@ impl RedisStore {
         read_only: bool,
     ) -> Result<Decision, StoreError> {
         let (script, keys, args) = self.call_for(policy, key, cost, read_only);
-        let reply = match &self.inner.batcher {
-            Some(batcher) if !read_only => batcher.eval(script, keys, args).await?,
+        let batcher = match &self.inner.conn {
+            _ if read_only || self.inner.batchers.is_empty() => None,
+            Connection::Sharded(shards) => self.inner.batchers.get(shards.shard_of(&keys)),
+            _ => self.inner.batchers.first(),
+        };
+        let reply = match batcher {
+            Some(batcher) => batcher.eval(script, keys, args).await?,
             _ => {
                 self.inner
                     .conn

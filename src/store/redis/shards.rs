@@ -214,6 +214,18 @@ impl Shards {
         self.read_from_replicas && self.nodes.iter().any(|n| !n.replicas.is_empty())
     }
 
+    /// Each shard's primary, in the order [`shard_of`](Self::shard_of) counts.
+    pub(crate) fn primaries(&self) -> impl Iterator<Item = ConnectionManager> + '_ {
+        self.nodes.iter().map(|n| n.primary.clone())
+    }
+
+    /// The index of the shard that owns `keys` (their shared hash tag).
+    pub(crate) fn shard_of(&self, keys: &[String]) -> usize {
+        let tag = keys.first().map_or("", |k| hash_tag(k));
+        debug_assert!(keys.iter().all(|k| hash_tag(k) == tag), "{keys:?}");
+        self.ring.pick(tag)
+    }
+
     /// Runs `script` on the shard that owns `keys` (their shared hash tag):
     /// on its primary, or for a read-only call on a replica when configured,
     /// falling back to the primary if the replica fails.
@@ -224,9 +236,7 @@ impl Shards {
         args: &[A],
         read_only: bool,
     ) -> RedisResult<Value> {
-        let tag = keys.first().map_or("", |k| hash_tag(k));
-        debug_assert!(keys.iter().all(|k| hash_tag(k) == tag), "{keys:?}");
-        let node = &self.nodes[self.ring.pick(tag)];
+        let node = &self.nodes[self.shard_of(keys)];
         if read_only && self.read_from_replicas && !node.replicas.is_empty() {
             let i = node.next_replica.fetch_add(1, Ordering::Relaxed) % node.replicas.len();
             match script
