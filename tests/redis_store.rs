@@ -698,6 +698,51 @@ async fn a_redis_slower_than_the_deadline_applies_the_failure_policy() {
 }
 
 #[tokio::test]
+async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = Policy::fixed_window("core", per_minute(100));
+    store.check(&policy, &Key::new("k"), 1).await.unwrap();
+
+    let url = server.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await; // let DEBUG SLEEP start
+                                                         // Four calls take every slot while Redis sleeps; the rest queue, and
+                                                         // their requests give up (as the layer's deadline would).
+    let sent: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move { store.check(&policy, &Key::new("k"), 1).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    for _ in 0..10 {
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(10),
+            store.check(&policy, &Key::new("k"), 1),
+        )
+        .await;
+        assert!(gave_up.is_err(), "Redis is asleep: nothing can answer yet");
+    }
+    for d in sent {
+        assert!(d.await.unwrap().unwrap().allowed);
+    }
+    sleeper.join().unwrap();
+    let after = store.check(&policy, &Key::new("k"), 1).await.unwrap();
+    assert_eq!(
+        after.used, 6,
+        "1 + 4 sent + this one; the 10 that gave up cost nothing"
+    );
+}
+
+#[tokio::test]
 async fn decisions_resume_after_a_redis_restart() {
     let mut server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();

@@ -1,36 +1,50 @@
 //! Decisions of concurrent requests sent together, in one script call.
 //!
-//! Each decision is queued; one task takes whatever has queued since it last
-//! looked and sends it as a single `EVALSHA` of the strategy's batch wrapper
-//! (`lua/batch.lua`), which runs every decision exactly as its script would
-//! alone, one after the other. A decision that finds the queue empty goes out
-//! at once, as its own script: batching never waits for company, it only
-//! stops concurrent decisions from each paying for a command of their own.
-//! Redis then parses, looks up and replies once per batch, and reads `TIME`
-//! once, which is most of what a decision costs it.
+//! A decision that finds fewer than [`MAX_IN_FLIGHT`] calls on their way to
+//! the server sends its own script at once, from its own task, as it would
+//! without batching. Past that, decisions queue; when a call comes back, its
+//! slot goes to whatever has queued, sent as a single `EVALSHA` of the
+//! strategy's batch wrapper (`lua/batch.lua`), which runs every decision
+//! exactly as its script would alone, one after the other. Batching thus
+//! never makes a request wait for company, only for a free slot, and Redis
+//! parses, dispatches, replies and reads `TIME` once per batch rather than
+//! once per decision.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use redis::{ErrorKind, RedisError, RedisResult, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::connection::Connection;
 use super::script::{LuaScript, SCRIPTS};
+
+/// Calls on their way to one server before decisions queue: enough that a
+/// lone decision rarely waits, few enough that a crowd forms batches.
+const MAX_IN_FLIGHT: usize = 4;
 
 /// The most decisions in one call, which bounds how long one script keeps
 /// Redis busy (tens of microseconds).
 const MAX_BATCH: usize = 64;
 
-/// Queues decisions for one server and sends them in batches.
-#[derive(Debug)]
+/// Sends decisions for one server, alone or in batches.
+#[derive(Debug, Clone)]
 pub(crate) struct Batcher {
-    conn: Connection,
-    /// Feeds the task that sends; made on first use, and again if that
-    /// task's runtime has gone.
-    queue: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    shared: Arc<Shared>,
 }
 
-/// One decision waiting to be sent.
+#[derive(Debug)]
+struct Shared {
+    conn: Connection,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    in_flight: usize,
+    queue: Vec<Job>,
+}
+
+/// One decision waiting for a slot.
 struct Job {
     script: &'static LuaScript,
     keys: Vec<String>,
@@ -38,11 +52,21 @@ struct Job {
     reply: oneshot::Sender<RedisResult<Value>>,
 }
 
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("script", &self.script.name)
+            .finish()
+    }
+}
+
 impl Batcher {
     pub(crate) fn new(conn: Connection) -> Self {
         Self {
-            conn,
-            queue: Mutex::new(None),
+            shared: Arc::new(Shared {
+                conn,
+                state: Mutex::new(State::default()),
+            }),
         }
     }
 
@@ -53,63 +77,107 @@ impl Batcher {
         keys: Vec<String>,
         args: Vec<String>,
     ) -> RedisResult<Value> {
-        let (reply, answer) = oneshot::channel();
-        self.enqueue(Job {
-            script,
-            keys,
-            args,
-            reply,
-        });
-        answer.await.unwrap_or_else(|_| {
-            Err(RedisError::from((
-                ErrorKind::Io,
-                "the batch was dropped before Redis answered",
-            )))
-        })
-    }
-
-    fn enqueue(&self, job: Job) {
-        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let job = match queue.as_ref() {
-            Some(q) => match q.send(job) {
-                Ok(()) => return,
-                Err(mpsc::error::SendError(job)) => job,
-            },
-            None => job,
+        let route = {
+            let mut state = self.shared.lock();
+            if state.in_flight < MAX_IN_FLIGHT {
+                state.in_flight += 1;
+                Route::Alone(keys, args)
+            } else {
+                let (reply, answer) = oneshot::channel();
+                state.queue.push(Job {
+                    script,
+                    keys,
+                    args,
+                    reply,
+                });
+                Route::Queued(answer)
+            }
         };
-        // First use, or the sending task's runtime shut down.
-        let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(drive(self.conn.clone(), receiver));
-        let _ = sender.send(job);
-        *queue = Some(sender);
+        match route {
+            Route::Alone(keys, args) => {
+                // Hands the slot on when this call ends, or is cancelled.
+                let _slot = Slot(self.shared.clone());
+                self.shared.conn.eval(script, &keys, &args, false).await
+            }
+            Route::Queued(answer) => answer.await.unwrap_or_else(|_| {
+                Err(RedisError::from((
+                    ErrorKind::Io,
+                    "the batch was dropped before Redis answered",
+                )))
+            }),
+        }
     }
 }
 
-/// Takes what has queued and sends it, until the store is dropped.
-async fn drive(conn: Connection, mut queue: mpsc::UnboundedReceiver<Job>) {
-    let mut jobs = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
-        let batch = std::mem::replace(&mut jobs, Vec::with_capacity(MAX_BATCH));
-        tokio::spawn(send(conn.clone(), batch));
+/// Where one decision goes: out at once, or into the queue.
+enum Route {
+    Alone(Vec<String>, Vec<String>),
+    Queued(oneshot::Receiver<RedisResult<Value>>),
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next batch for a slot that just came free, or `None` (and the
+    /// slot released) when nothing waits.
+    fn next_batch(&self) -> Option<Vec<Job>> {
+        let mut state = self.lock();
+        // A decision whose request has given up (the layer's deadline) is
+        // not charged.
+        state.queue.retain(|job| !job.reply.is_closed());
+        if state.queue.is_empty() {
+            state.in_flight -= 1;
+            return None;
+        }
+        let n = state.queue.len().min(MAX_BATCH);
+        Some(state.queue.drain(..n).collect())
+    }
+}
+
+/// A call's slot: when the call ends, what queued meanwhile goes out in it.
+struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(batch) = self.0.next_batch() else {
+            return;
+        };
+        let shared = self.0.clone();
+        let flush = async move {
+            let mut batch = batch;
+            loop {
+                send(&shared.conn, batch).await;
+                match shared.next_batch() {
+                    Some(next) => batch = next,
+                    None => return,
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(flush);
+            }
+            // No runtime to send from: the waiting decisions fail (their
+            // senders drop with the future) and the slot is freed.
+            Err(_) => {
+                drop(flush);
+                self.0.lock().in_flight -= 1;
+            }
+        }
     }
 }
 
 /// Sends one batch, a call per script (usually one), and hands out replies.
-async fn send(conn: Connection, mut jobs: Vec<Job>) {
+async fn send(conn: &Connection, mut jobs: Vec<Job>) {
     while !jobs.is_empty() {
         let script = jobs[0].script;
         let (same, rest): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
             .partition(|j| std::ptr::eq(j.script, script));
         jobs = rest;
-        if jobs.is_empty() {
-            send_one_script(&conn, script, same).await;
-        } else {
-            tokio::spawn({
-                let conn = conn.clone();
-                async move { send_one_script(&conn, script, same).await }
-            });
-        }
+        send_one_script(conn, script, same).await;
     }
 }
 

@@ -161,14 +161,14 @@ impl RedisStoreBuilder {
     /// Sends the decisions of concurrent requests together, in one script
     /// call per server (on by default; not on Redis Cluster).
     ///
-    /// A decision that finds nothing queued goes out at once, alone, so
-    /// batching never makes a request wait for others. Decisions that queue
-    /// while calls are in flight go out together in the next call, each run
-    /// exactly as its own script would, one after the other, so Redis
-    /// parses, dispatches, replies and reads `TIME` once per batch rather
-    /// than once per decision: the part of a decision's cost that is not the
-    /// decision itself. Turn it off to see one `EVALSHA` per decision in
-    /// `INFO commandstats`.
+    /// A decision that finds fewer than four calls on their way goes out at
+    /// once, alone, as without batching. Past that, decisions queue, and a
+    /// call that comes back hands its slot to whatever queued: one call of
+    /// `lua/batch.lua`, which runs each decision exactly as its own script
+    /// would, one after the other. Redis then parses, dispatches, replies
+    /// and reads `TIME` once per batch rather than once per decision. A
+    /// queued decision whose request gave up is dropped, never charged.
+    /// Turn it off to see one `EVALSHA` per decision in `INFO commandstats`.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
