@@ -362,6 +362,45 @@ async fn every_strategy_decides_the_same_batched_or_alone() {
 }
 
 #[tokio::test]
+async fn a_fixed_window_batch_touches_each_key_once_and_sets_its_expiry() {
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = Policy::fixed_window("flood", per_minute(10))
+        .and(Quota::per_hour(NonZeroU32::new(100).unwrap()));
+    store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+    reset_stats(&server);
+    let decisions: Vec<_> = (0..40)
+        .map(|_| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move { store.check(&policy, &Key::new("k"), 1).await })
+        })
+        .collect();
+    let mut allowed = 0;
+    for d in decisions {
+        allowed += u32::from(d.await.unwrap().unwrap().allowed);
+    }
+    assert_eq!(allowed, 10);
+
+    let calls = command_calls(&server);
+    let scripts = calls.get("evalsha").copied().unwrap_or(0);
+    let reads = calls.get("hmget").copied().unwrap_or(0);
+    assert!(scripts < 40, "{calls:?}");
+    assert!(
+        reads <= 2 * scripts,
+        "two keys, read once per call: {calls:?}"
+    );
+
+    let mut conn = server.conn();
+    for (i, ttl_ms) in [(0, 61_000), (1, 3_601_000)] {
+        let key = format!("batch:{{flood|k}}:fixed_window:{i}");
+        let count: u64 = conn.hget(&key, "c").unwrap();
+        assert_eq!(count, 10, "{key}");
+        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+        assert!(ttl_ms - 2_000 < pttl && pttl <= ttl_ms, "{key}: {pttl} ms");
+    }
+}
+
+#[tokio::test]
 async fn a_decision_that_fails_in_a_batch_fails_alone() {
     let server = RedisServer::start();
     let store = std::sync::Arc::new(batching_store(&server.url(), true).await);

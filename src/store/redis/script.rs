@@ -188,7 +188,15 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         .iter()
         .map(|&(name, source)| {
             let sha = LuaScript::new(name, source.into()).sha;
-            (sha, LuaScript::batch_of(name, source))
+            let batch = match name {
+                // Reads and writes each key once per call, not per decision.
+                "fixed_window" => LuaScript::new(
+                    "fixed_window_batch",
+                    include_str!("../../../lua/fixed_window_batch.lua").into(),
+                ),
+                _ => LuaScript::batch_of(name, source),
+            };
+            (sha, batch)
         })
         .collect();
     Scripts {

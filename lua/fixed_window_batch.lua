@@ -1,0 +1,112 @@
+-- tollgate: several fixed-window decisions in one call, each key read and
+-- written once. Mirrors lua/fixed_window.lua (and the batch layout of
+-- lua/batch.lua); change them together.
+--
+-- Decisions run one after the other, exactly as lua/fixed_window.lua would
+-- run them alone, but a key's state is read on its first use in the call and
+-- kept here, and written back once at the end: many requests of one caller
+-- (a flood) cost Redis one HMGET and one HINCRBY per call, not per request.
+-- Nothing else can run in between, so the result is the same.
+--
+-- KEYS         every decision's keys, one decision after the other
+-- ARGV[1]      n, the number of decisions
+-- then for each decision: its key count, its argument count, and its
+-- arguments as lua/fixed_window.lua takes them (now, cost, limit and window
+-- per quota)
+--
+-- Reply: n replies, each what lua/fixed_window.lua returns, or
+-- {'err', message} if it failed.
+
+local function int(x) return string.format('%.0f', x) end
+
+local time = nil
+local state, order = {}, {}
+
+-- The state of `key` as a decision at `now` with `window` sees it: the
+-- stored window if it has not ended, else a fresh one that opens now.
+local function window_of(key, now, window)
+  local s = state[key]
+  if s == nil then
+    local stored = redis.call('HMGET', key, 'c', 'r')
+    s = {c = tonumber(stored[1]), r = tonumber(stored[2]), fresh = false, added = 0}
+    state[key] = s
+    order[#order + 1] = key
+  end
+  if not (s.c and s.r and s.r > now) then
+    s.c, s.r, s.fresh, s.added = 0, now + window, true, 0
+    s.px = math.ceil(window / 1000) + 1000
+  end
+  return s
+end
+
+local function decide(keys, args)
+  local now = tonumber(args[1])
+  if now < 0 then
+    if time == nil then
+      local t = redis.call('TIME')
+      time = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+    now = time
+  end
+  local cost = tonumber(args[2])
+  local n = #keys
+  local s, limit = {}, {}
+  for i = 1, n do
+    limit[i] = tonumber(args[1 + 2 * i])
+    s[i] = window_of(keys[i], now, tonumber(args[2 + 2 * i]))
+  end
+  local rejected = nil
+  for i = 1, n do
+    if s[i].c + cost > limit[i] then
+      if rejected == nil or s[i].r > s[rejected].r then rejected = i end
+    end
+  end
+  if rejected then
+    local i = rejected
+    return {0, limit[i], math.min(s[i].c, limit[i]), s[i].r, s[i].r - now, now, i - 1}
+  end
+  for i = 1, n do
+    s[i].c = s[i].c + cost
+    s[i].added = s[i].added + cost
+  end
+  local report = 1
+  for i = 2, n do
+    if limit[i] - s[i].c < limit[report] - s[report].c then report = i end
+  end
+  local reply = {1, limit[report], s[report].c, s[report].r, -1, now, report - 1}
+  for i = 1, n do reply[7 + i] = s[i].r end
+  return reply
+end
+
+local out, k, a = {}, 0, 2
+for c = 1, tonumber(ARGV[1]) do
+  local nk, na = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  a = a + 2
+  local keys, args = {}, {}
+  for i = 1, nk do keys[i] = KEYS[k + i] end
+  for i = 1, na do args[i] = ARGV[a + i - 1] end
+  k, a = k + nk, a + na
+  local ok, reply = pcall(decide, keys, args)
+  if ok then
+    out[c] = reply
+  elseif type(reply) == 'table' and reply.err then
+    out[c] = {'err', reply.err}
+  else
+    out[c] = {'err', tostring(reply)}
+  end
+end
+
+-- Write back what changed: a window opened here is written whole, with its
+-- expiry; an open one only moves its count, keeping the expiry it has.
+for _, key in ipairs(order) do
+  local s = state[key]
+  if s.fresh then
+    if s.added > 0 then
+      redis.call('HSET', key, 'c', int(s.c), 'r', int(s.r))
+      redis.call('PEXPIRE', key, int(s.px))
+    end
+  elseif s.added > 0 then
+    redis.call('HINCRBY', key, 'c', int(s.added))
+  end
+end
+return out
