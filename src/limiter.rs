@@ -15,7 +15,7 @@ use crate::access::{Access, Listed};
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
-use crate::headers::RateLimitHeaders;
+use crate::headers::PolicyHeaders;
 use crate::key::{Key, KeyExtractor};
 use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
 use crate::quota::Policy;
@@ -55,7 +55,7 @@ pub(crate) struct Limiter {
     pub(crate) limited_status: StatusCode,
     pub(crate) key_error_status: StatusCode,
     pub(crate) refund_when: Arc<RefundFn>,
-    pub(crate) headers: RateLimitHeaders,
+    pub(crate) headers: PolicyHeaders,
     /// Decide and count, but never reject (deny-lists aside).
     pub(crate) shadow: bool,
     pub(crate) access: Access,
@@ -206,7 +206,7 @@ impl Limiter {
         };
         if outcome == Outcome::Limited {
             let mut response =
-                response::limited(self.limited_status, &self.policy, &decision, self.headers);
+                response::limited(self.limited_status, &self.policy, &decision, &self.headers);
             if let Some(kind) = degraded {
                 mark_degraded(response.headers_mut(), kind, decider);
             }
