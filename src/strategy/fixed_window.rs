@@ -75,13 +75,12 @@ pub(crate) fn check(
     let (w, q) = (current(&windows[report], &quotas[report]), quotas[report]);
     Decision::allowed(u64::from(q.limit()), w.count, w.reset_at, now)
         .reporting(report)
-        .with_receipt(Receipt::new(
+        .with_receipt(Receipt::of(
             cost,
             windows
                 .iter()
                 .zip(quotas)
-                .map(|(s, q)| current(s, q).reset_at)
-                .collect(),
+                .map(|(s, q)| current(s, q).reset_at),
         ))
 }
 
