@@ -3,6 +3,8 @@
 #
 #   scripts/load.sh                 # everything, about 2 + 1.3 x strategies minutes
 #   LOAD_SECS=10 LOAD_RUNS=5 scripts/load.sh
+#   LOAD_STORES=memory LOAD_STRATEGIES=fixed_window,gcra scripts/load.sh
+#                                   # a subset while iterating, a minute or two
 #
 # Starts a private redis-server (no persistence) and the zoo (release build)
 # with ZOO_BENCH=1, pins them to one core (SERVER_CPU, default 1) and wrk to
@@ -34,6 +36,10 @@ MODERATE_CONNS=${MODERATE_CONNS:-16}
 MODERATE_PAUSE_MS=${MODERATE_PAUSE_MS:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 SERVER_CPU=${SERVER_CPU:-1}
+# Comma-separated subsets (default: all). Without redis the Redis server,
+# EVALSHA capacity and round trip are skipped.
+LOAD_STORES=${LOAD_STORES:-memory,redis}
+LOAD_STRATEGIES=${LOAD_STRATEGIES:-}
 PASS_LIMIT=3600000000 # per hour: one per us, nothing in a run spends it
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 
@@ -160,6 +166,10 @@ serve() {
     exit 1
   }
   names=$(curl -sf "$url/strategies")
+  if [ -n "$LOAD_STRATEGIES" ]; then
+    names=$(for name in $names; do if [[ ",$LOAD_STRATEGIES," == *",$name,"* ]]; then echo "$name"; fi; done)
+    [ -n "$names" ] || { echo "load.sh: no strategy in LOAD_STRATEGIES=$LOAD_STRATEGIES" >&2; exit 2; }
+  fi
   for name in $names; do curl -s -o /dev/null "$url/strategies/$name"; done
   taskset -c "$CLIENT_CPU" wrk -t1 -c"$LOAD_CONNS" -d2s "$url/unlimited" >/dev/null
   for run in $(seq "$LOAD_RUNS"); do
@@ -178,12 +188,16 @@ serve() {
 }
 
 echo "measuring: $LOAD_RUNS run(s) of ${LOAD_SECS}s per figure, wrk on CPU $CLIENT_CPU, server and Redis on CPU $SERVER_CPU" >&2
-serve memory pass "$PASS_LIMIT"
-serve memory reject 1
-serve redis pass "$PASS_LIMIT"
-serve redis reject 1
+stores=$(tr ',' ' ' <<<"$LOAD_STORES")
+for store in $stores; do
+  case $store in memory | redis) ;; *) echo "load.sh: unknown store $store in LOAD_STORES" >&2; exit 2 ;; esac
+  serve "$store" pass "$PASS_LIMIT"
+  serve "$store" reject 1
+done
 
 # One Redis's capacity: EVALSHA of our script, at the same connection count.
+rb_p1=- rb_p1_cpu=- rb_p16=- rb_p16_cpu=- rtt_ms=0
+if [[ " $stores " == *" redis "* ]]; then
 sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cat lua/fixed_window.lua)")
 evalsha() { # PIPELINE: prints "EVALSHA/s EVALSHA-per-Redis-CPU-second"
   local before after rate n=300000
@@ -200,6 +214,7 @@ read -r rb_p16 rb_p16_cpu <<<"$(evalsha 16)"
 # One round trip: PING from one connection, median latency in ms.
 rtt_ms=$(taskset -c "$CLIENT_CPU" redis-benchmark -p "$redis_port" -c 1 -n 20000 --csv PING |
   awk -F'"' 'NR == 2 { print $10 }')
+fi
 
 # ---- report -----------------------------------------------------------------
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
@@ -248,7 +263,7 @@ echo "### $LOAD_CONNS connections, flat out"
 echo
 echo "| store | outcome | route | req/s | CPU | req/CPU-s | ratio | wall ratio | target | met | p50 ms | p99 ms | non-2xx |"
 echo "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"
-for store in memory redis; do
+for store in $stores; do
   for outcome in pass reject; do
     for route in unlimited $names; do
       if [ "$route" = unlimited ]; then r=1.000 w=1.000 t=- ok=; else
@@ -274,7 +289,7 @@ echo "Redis round trip (redis-benchmark PING, one connection, p50): ${rtt_us} us
 echo
 echo "| store | route | req/s | CPU | p50 ms | p99 ms | p50 added us | p99 added us | met |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---|"
-for store in memory redis; do
+for store in $stores; do
   base50=$(fig $store pass moderate unlimited 7)
   base99=$(fig $store pass moderate unlimited 8)
   for route in unlimited $names; do
@@ -285,6 +300,7 @@ for store in memory redis; do
     echo "| $store | $route | $(fig $store pass moderate "$route" 6) | $(busy $store pass moderate "$route") | $(ms "$p50") | $(ms "$p99") | $((p50 - base50)) | $((p99 - base99)) | $ok |"
   done
 done
+[[ " $stores " == *" redis "* ]] || exit 0
 echo
 echo "### One Redis's capacity (redis-benchmark EVALSHA fixed_window.lua, $LOAD_CONNS connections, Redis alone on CPU $SERVER_CPU)"
 echo

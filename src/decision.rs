@@ -197,12 +197,31 @@ impl Scope {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Receipt {
     pub(crate) cost: u64,
-    pub(crate) stamps: Vec<u64>,
+    pub(crate) stamps: Stamps,
 }
 
 impl Receipt {
     /// A receipt for `cost` units charged to the entries named by `stamps`.
     pub fn new(cost: u64, stamps: Vec<u64>) -> Self {
+        Self::of(cost, stamps)
+    }
+
+    /// [`Receipt::new`] from any stamps, allocating only for more than two.
+    pub(crate) fn of(cost: u64, stamps: impl IntoIterator<Item = u64>) -> Self {
+        let mut stamps = stamps.into_iter();
+        let mut inline = [0; 2];
+        let mut len = 0;
+        for stamp in stamps.by_ref() {
+            inline[len] = stamp;
+            len += 1;
+            if len == inline.len() {
+                break;
+            }
+        }
+        let stamps = match stamps.next() {
+            None => Stamps::Inline(len as u8, inline),
+            Some(third) => Stamps::Heap(inline.into_iter().chain([third]).chain(stamps).collect()),
+        };
         Self { cost, stamps }
     }
 
@@ -213,11 +232,86 @@ impl Receipt {
 
     /// Per-quota identities of what was charged.
     pub fn stamps(&self) -> &[u64] {
-        &self.stamps
+        self.stamps.as_slice()
     }
 
     /// Nothing to give back.
     pub fn is_empty(&self) -> bool {
         self.cost == 0
+    }
+}
+
+/// A receipt's stamps: up to two inline, which is every strategy's with one
+/// quota and the sliding log's pair, so that a decision and its copy in the
+/// request's extensions allocate nothing for them; more on the heap.
+#[derive(Clone)]
+pub(crate) enum Stamps {
+    Inline(u8, [u64; 2]),
+    Heap(Vec<u64>),
+}
+
+impl Default for Stamps {
+    fn default() -> Self {
+        Stamps::Inline(0, [0; 2])
+    }
+}
+
+impl Stamps {
+    fn as_slice(&self) -> &[u64] {
+        match self {
+            Stamps::Inline(len, stamps) => &stamps[..usize::from(*len)],
+            Stamps::Heap(stamps) => stamps,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// Takes the last stamp off (a reply that carries more than stamps).
+    pub(crate) fn pop(&mut self) -> Option<u64> {
+        match self {
+            Stamps::Inline(0, _) => None,
+            Stamps::Inline(len, stamps) => {
+                *len -= 1;
+                Some(stamps[usize::from(*len)])
+            }
+            Stamps::Heap(stamps) => stamps.pop(),
+        }
+    }
+}
+
+impl PartialEq for Stamps {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Stamps {}
+
+impl std::fmt::Debug for Stamps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_slice().fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receipts_keep_every_stamp_in_order_inline_or_not() {
+        for n in 0..6u64 {
+            let stamps: Vec<u64> = (1..=n).collect();
+            let mut receipt = Receipt::of(1, stamps.iter().copied());
+            assert_eq!(receipt.stamps(), stamps, "{n} stamps");
+            assert_eq!(receipt, Receipt::new(1, stamps.clone()));
+            assert_eq!(
+                format!("{receipt:?}"),
+                format!("Receipt {{ cost: 1, stamps: {stamps:?} }}")
+            );
+            assert_eq!(receipt.stamps.pop(), stamps.last().copied());
+            assert_eq!(receipt.stamps.len(), stamps.len().saturating_sub(1));
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Telling clients where they stand: GitHub-style `X-RateLimit-*` headers,
 //! `Retry-After`, and optionally the IETF draft's `RateLimit` fields.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
@@ -79,18 +79,53 @@ impl RateLimitHeaders {
     pub const fn ietf_draft(&self) -> bool {
         self.ietf_draft
     }
+}
+
+/// [`RateLimitHeaders`] for one policy, with the values that never change
+/// (each quota's `X-RateLimit-Limit`, and `X-RateLimit-Resource`) built once,
+/// when the layer is: cloning a prebuilt value bumps a reference count,
+/// where formatting and checking it again cost more than the store's
+/// decision.
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyHeaders {
+    dialects: RateLimitHeaders,
+    /// Per quota: its limit and that limit as a header value.
+    limits: Box<[(u64, HeaderValue)]>,
+    /// The policy's name; `None` if it cannot be a header value.
+    resource: Option<HeaderValue>,
+}
+
+impl PolicyHeaders {
+    pub(crate) fn new(dialects: RateLimitHeaders, policy: &Policy) -> Self {
+        let limits = policy
+            .quotas()
+            .iter()
+            .map(|q| {
+                let limit = u64::from(q.limit());
+                (limit, shared(itoa::Buffer::new().format(limit)))
+            })
+            .collect();
+        let resource = HeaderValue::from_str(policy.name())
+            .ok()
+            .map(|_| shared(policy.name()));
+        Self {
+            dialects,
+            limits,
+            resource,
+        }
+    }
 
     /// Writes the chosen headers for `decision` into `headers`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
-        if self.github {
+        if self.dialects.github {
             headers.reserve(7);
-            github(headers, policy, decision);
+            self.github(headers, decision);
             if policy.strategy().has_resource_quota() {
                 let scope = HeaderValue::from_static(decision.scope.as_str());
                 headers.insert(SCOPE.clone(), scope);
             }
         }
-        if self.ietf_draft {
+        if self.dialects.ietf_draft {
             let name = ietf_name(policy, decision.quota);
             let t = (decision.reset_after().as_micros() as u64).div_ceil(1_000_000);
             let fields = format!("\"{name}\";r={};t={t}", decision.remaining);
@@ -112,59 +147,53 @@ impl RateLimitHeaders {
             }
         }
         if let Some(secs) = decision.retry_after_secs() {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            headers.insert(RETRY_AFTER, number(secs));
+        }
+    }
+
+    /// GitHub's five headers. Limit and Resource are prebuilt; the three
+    /// numbers that change are written into one buffer and sliced: one
+    /// allocation per response instead of one per value.
+    fn github(&self, headers: &mut HeaderMap, decision: &Decision) {
+        let limit = match self.limits.get(decision.quota) {
+            Some((limit, value)) if *limit == decision.limit => value.clone(),
+            _ => number(decision.limit),
+        };
+        headers.insert(LIMIT.clone(), limit);
+        let mut buf = BytesMut::with_capacity(3 * 20);
+        let mut ends = [0; 3];
+        for (end, n) in ends.iter_mut().zip([
+            decision.remaining,
+            decision.used,
+            decision.reset_epoch_secs(),
+        ]) {
+            buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            *end = buf.len();
+        }
+        let buf = buf.freeze();
+        let mut start = 0;
+        for (header, end) in [&REMAINING, &USED, &RESET].into_iter().zip(ends) {
+            if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+                headers.insert(header.clone(), value);
+            }
+            start = end;
+        }
+        if let Some(resource) = &self.resource {
+            headers.insert(RESOURCE.clone(), resource.clone());
         }
     }
 }
 
-/// GitHub's five headers, written into one buffer and sliced: one allocation
-/// per response instead of one per value (they were a third of the layer's
-/// own cost on a pass).
-fn github(headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
-    let name = policy.name().as_bytes();
-    let mut buf = BytesMut::with_capacity(4 * 20 + name.len());
-    let mut ends = [0; 4];
-    for (end, n) in ends.iter_mut().zip([
-        decision.limit,
-        decision.remaining,
-        decision.used,
-        decision.reset_epoch_secs(),
-    ]) {
-        push_u64(&mut buf, n);
-        *end = buf.len();
-    }
-    buf.extend_from_slice(name);
-    let buf = buf.freeze();
-    let mut start = 0;
-    for (header, end) in [&LIMIT, &REMAINING, &USED, &RESET].into_iter().zip(ends) {
-        if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
-            headers.insert(header.clone(), value);
-        }
-        start = end;
-    }
-    if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..)) {
-        headers.insert(RESOURCE.clone(), value);
-    }
+/// `n` in decimal as a header value.
+fn number(n: u64) -> HeaderValue {
+    shared(itoa::Buffer::new().format(n))
 }
 
-/// Appends `n` in decimal, without `fmt`.
-fn push_u64(buf: &mut BytesMut, n: u64) {
-    buf.extend_from_slice(decimal(n, &mut [0; 20]).as_bytes());
-}
-
-/// `n` in decimal, written at the end of `digits`, without `fmt` (which
-/// costs more than the rest of a header's or a 429 body's number).
-pub(crate) fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &str {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&digits[at..]).unwrap_or("0")
+/// A header value of `text`, which the caller knows is valid. After its
+/// first clone, clones share its buffer (a reference count, no copy).
+fn shared(text: &str) -> HeaderValue {
+    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(text.as_bytes()))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// The policy's name, suffixed with the quota index when it has several.
@@ -187,7 +216,11 @@ mod tests {
         let policy = Policy::fixed_window("core", Quota::new(5, Duration::from_secs(60)).unwrap());
         let decision = Decision::allowed(u64::MAX, 0, 10_000_001, 1);
         let mut headers = HeaderMap::new();
-        RateLimitHeaders::GITHUB.apply(&mut headers, &policy, &decision);
+        PolicyHeaders::new(RateLimitHeaders::GITHUB, &policy).apply(
+            &mut headers,
+            &policy,
+            &decision,
+        );
         assert_eq!(headers["x-ratelimit-limit"], u64::MAX.to_string().as_str());
         assert_eq!(
             headers["x-ratelimit-remaining"],
@@ -200,9 +233,21 @@ mod tests {
     }
 
     #[test]
-    fn decimal_writes_every_digit() {
-        for n in [0, 7, 10, 1_234_567_890, u64::MAX] {
-            assert_eq!(decimal(n, &mut [0; 20]), n.to_string());
+    fn prebuilt_limits_are_used_only_for_the_quota_they_belong_to() {
+        let q = |n| Quota::new(n, Duration::from_secs(60)).unwrap();
+        let policy = Policy::fixed_window("core", q(5)).and(q(100));
+        let headers = PolicyHeaders::new(RateLimitHeaders::GITHUB, &policy);
+        for (decision, limit) in [
+            (Decision::allowed(5, 1, 0, 0), "5"),
+            (Decision::allowed(100, 1, 0, 0).reporting(1), "100"),
+            // A store may report another limit than the policy's quota.
+            (Decision::allowed(7, 1, 0, 0).reporting(1), "7"),
+            (Decision::allowed(9, 1, 0, 0).reporting(5), "9"),
+        ] {
+            let mut map = HeaderMap::new();
+            headers.apply(&mut map, &policy, &decision);
+            assert_eq!(map["x-ratelimit-limit"], limit);
+            assert_eq!(map["x-ratelimit-resource"], "core");
         }
     }
 }

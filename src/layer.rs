@@ -12,7 +12,7 @@ use crate::access::{Access, ClientIp};
 use crate::decision::Decision;
 use crate::error::{ConfigError, KeyError, StoreError};
 use crate::failure::FailurePolicy;
-use crate::headers::RateLimitHeaders;
+use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::limiter::Limiter;
 use crate::metrics::PolicyMetrics;
@@ -557,6 +557,7 @@ impl RateLimitLayerBuilder {
             limiter: Arc::new(Limiter {
                 metrics: PolicyMetrics::new(&policy),
                 local: self.local.gating(&policy),
+                headers: PolicyHeaders::new(self.headers, &policy),
                 policy,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
@@ -566,7 +567,6 @@ impl RateLimitLayerBuilder {
                 limited_status: self.limited_status,
                 key_error_status: self.key_error_status,
                 refund_when: self.refund_when,
-                headers: self.headers,
                 shadow: self.shadow,
                 access,
                 cooldown: self.cooldown,

@@ -1,8 +1,10 @@
 //! The request path's logic, apart from tower's plumbing: identify, decide
 //! (within a deadline, with a failure policy), and settle refunds.
 
+use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -15,13 +17,13 @@ use crate::access::{Access, Listed};
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
-use crate::headers::RateLimitHeaders;
+use crate::headers::PolicyHeaders;
 use crate::key::{Key, KeyExtractor};
 use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
 use crate::quota::Policy;
 use crate::release::ReleaseGuard;
 use crate::response;
-use crate::store::Store;
+use crate::store::{BoxFuture, Store};
 
 static FALLBACK: HeaderName = HeaderName::from_static("x-ratelimit-fallback");
 
@@ -55,7 +57,7 @@ pub(crate) struct Limiter {
     pub(crate) limited_status: StatusCode,
     pub(crate) key_error_status: StatusCode,
     pub(crate) refund_when: Arc<RefundFn>,
-    pub(crate) headers: RateLimitHeaders,
+    pub(crate) headers: PolicyHeaders,
     /// Decide and count, but never reject (deny-lists aside).
     pub(crate) shadow: bool,
     pub(crate) access: Access,
@@ -124,7 +126,13 @@ impl Limiter {
             outcome = tracing::field::Empty,
             remaining = tracing::field::Empty,
         );
-        let (verdict, outcome) = self.decide(parts, &span).instrument(span.clone()).await;
+        // Instrumenting costs a move of the whole decision's future even
+        // when nobody listens: only when the span is on.
+        let (verdict, outcome) = if span.is_disabled() {
+            self.decide(parts, &span).await
+        } else {
+            self.decide(parts, &span).instrument(span.clone()).await
+        };
         self.metrics.decision(outcome);
         span.record("outcome", outcome.as_str());
         tracing::debug!(parent: &span, "rate limit decision");
@@ -183,13 +191,15 @@ impl Limiter {
                             Outcome::FailClosed,
                         );
                     }
-                    FailurePolicy::Local(local) => match self.ask(&**local, &key, cost).await {
-                        Ok(decision) => (decision, Decider::Fallback, Some(kind)),
-                        Err(err) => {
-                            tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
-                            return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
+                    FailurePolicy::Local(local) => {
+                        match Box::pin(self.ask(&**local, &key, cost)).await {
+                            Ok(decision) => (decision, Decider::Fallback, Some(kind)),
+                            Err(err) => {
+                                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
+                                return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
+                            }
                         }
-                    },
+                    }
                 }
             }
         };
@@ -206,7 +216,7 @@ impl Limiter {
         };
         if outcome == Outcome::Limited {
             let mut response =
-                response::limited(self.limited_status, &self.policy, &decision, self.headers);
+                response::limited(self.limited_status, &self.policy, &decision, &self.headers);
             if let Some(kind) = degraded {
                 mark_degraded(response.headers_mut(), kind, decider);
             }
@@ -253,25 +263,34 @@ impl Limiter {
         // free the slot before the response is sent.
         let held = self.policy.strategy().holds_until_response_ends();
         if (self.refund_when)(status) && !decision.receipt.is_empty() && !held {
-            let store = self.store_for(decider);
-            let refund = store.refund(&self.policy, &key, &decision.receipt);
-            match tokio::time::timeout(self.deadline, refund).await {
-                Ok(Ok(())) => {
-                    self.local.refunded(&key);
-                    let cost = decision.receipt.cost();
-                    decision = decision.refunded(cost);
-                }
-                Ok(Err(err)) => {
-                    self.metrics.store_error(err.kind());
-                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "rate limit refund failed")
-                }
-                Err(_) => {
-                    self.metrics.store_error(StoreErrorKind::Timeout);
-                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), "rate limit refund timed out")
-                }
-            }
+            // Boxed, as the rare path it is: every request's future would
+            // otherwise carry room for it.
+            decision = Box::pin(self.refund(decider, &key, decision)).await;
         }
         self.headers.apply(headers, &self.policy, &decision);
+    }
+
+    /// Gives `decision`'s charge back to the store that decided, and returns
+    /// the decision as it stands after that.
+    async fn refund(&self, decider: Decider, key: &Key, decision: Decision) -> Decision {
+        let store = self.store_for(decider);
+        let refund = store.refund(&self.policy, key, &decision.receipt);
+        match self.within_deadline(refund).await.0 {
+            Ok(()) => {
+                self.local.refunded(key);
+                let cost = decision.receipt.cost();
+                return decision.refunded(cost);
+            }
+            Err(err) if err.kind() == StoreErrorKind::Timeout => {
+                self.metrics.store_error(StoreErrorKind::Timeout);
+                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), "rate limit refund timed out")
+            }
+            Err(err) => {
+                self.metrics.store_error(err.kind());
+                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "rate limit refund failed")
+            }
+        }
+        decision
     }
 
     /// A guard that gives `pass`'s charge back, without blocking, if it is
@@ -307,10 +326,11 @@ impl Limiter {
     /// The caller's current state, without charging.
     pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::PeekError> {
         let key = self.key.extract(parts).map_err(crate::PeekError::Key)?;
-        match tokio::time::timeout(self.deadline, self.store.peek(&self.policy, &key)).await {
-            Ok(result) => result.map_err(crate::PeekError::Store),
-            Err(_) => Err(crate::PeekError::Store(StoreError::timeout())),
-        }
+        let peek = self.store.peek(&self.policy, &key);
+        self.within_deadline(peek)
+            .await
+            .0
+            .map_err(crate::PeekError::Store)
     }
 
     /// Asks the main store, unless it failed within the cooldown: then the
@@ -322,9 +342,10 @@ impl Limiter {
         if skip_until != 0 && monotonic_nanos() < skip_until {
             return Err(StoreError::cooling_down());
         }
-        let watch = Stopwatch::start();
-        let result = self.ask(&*self.store, key, cost).await;
-        self.metrics.store_latency(watch);
+        let (result, waited) = self
+            .within_deadline(self.store.check(&self.policy, key, cost))
+            .await;
+        self.metrics.store_latency(waited);
         if let Err(err) = &result {
             self.metrics.store_error(err.kind());
         }
@@ -336,9 +357,29 @@ impl Limiter {
     }
 
     async fn ask(&self, store: &dyn Store, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        match tokio::time::timeout(self.deadline, store.check(&self.policy, key, cost)).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::timeout()),
+        self.within_deadline(store.check(&self.policy, key, cost))
+            .await
+            .0
+    }
+
+    /// Awaits a store call until the deadline, timing the wait. A call that
+    /// is ready when first polled (the memory store's, every time) arms no
+    /// timer and reads no clock: it waited for nothing, and its stopwatch
+    /// says zero. Otherwise the deadline counts from that first poll.
+    async fn within_deadline<T>(
+        &self,
+        mut call: BoxFuture<'_, Result<T, StoreError>>,
+    ) -> (Result<T, StoreError>, Stopwatch) {
+        if let Poll::Ready(result) = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
+            return (result, Stopwatch::idle());
+        }
+        let watch = Stopwatch::start();
+        // Boxed: the timer is large, and kept inline it would grow every
+        // request's future past what the allocator serves from its fast,
+        // per-thread cache, in-process stores included.
+        match Box::pin(tokio::time::timeout(self.deadline, call)).await {
+            Ok(result) => (result, watch),
+            Err(_) => (Err(StoreError::timeout()), watch),
         }
     }
 }

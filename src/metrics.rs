@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | [`tollgate_decisions_total`](DECISIONS) | counter | `policy`, `outcome` | one per request, by what happened to it |
 //! | [`tollgate_store_errors_total`](STORE_ERRORS) | counter | `policy`, `kind` | store calls (checks and refunds) that failed or missed the deadline; `kind` is `timeout`, `unavailable`, `protocol` or `rejected` |
-//! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on the main store per decision, failures and timeouts included |
+//! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on the main store per decision, failures and timeouts included; 0 for an in-process store, which answers without waiting |
 //! | [`tollgate_local_cache_hits_total`](LOCAL_CACHE_HITS) | counter | `policy` | decisions answered from the in-process cache without a store call |
 //! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
 //!
@@ -311,8 +311,9 @@ impl PolicyMetrics {
 /// Reads the clock only when metrics are compiled in.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stopwatch {
+    /// `None`: nothing was waited for.
     #[cfg(feature = "metrics")]
-    started: std::time::Instant,
+    started: Option<std::time::Instant>,
 }
 
 impl Stopwatch {
@@ -320,13 +321,24 @@ impl Stopwatch {
     pub(crate) fn start() -> Self {
         Self {
             #[cfg(feature = "metrics")]
-            started: std::time::Instant::now(),
+            started: Some(std::time::Instant::now()),
+        }
+    }
+
+    /// For an answer that came without waiting: reads as zero, and reading
+    /// no clock.
+    #[inline]
+    pub(crate) fn idle() -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            started: None,
         }
     }
 
     #[cfg(feature = "metrics")]
     fn elapsed(&self) -> std::time::Duration {
-        self.started.elapsed()
+        self.started
+            .map_or(std::time::Duration::ZERO, |s| s.elapsed())
     }
 }
 

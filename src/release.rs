@@ -2,9 +2,10 @@
 //! blocking: a client that leaves a leaky bucket's queue, or a concurrency
 //! slot whose response ended, failed or was cancelled.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -76,7 +77,7 @@ impl ReleaseGuard {
             );
             return;
         };
-        runtime.spawn(async move {
+        let mut release = Box::pin(async move {
             let policy = &limiter.policy;
             let release = store.refund(policy, &key, &receipt);
             match tokio::time::timeout(limiter.deadline, release).await {
@@ -89,6 +90,16 @@ impl ReleaseGuard {
                 ),
             }
         });
+        // An in-process store gives back at once: polled here, the release
+        // needs no task (spawning one cost more than the release itself). A
+        // store that has to wait finishes in a task, polled again there.
+        if release
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+        {
+            runtime.spawn(release);
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use http::{Response, StatusCode};
 use serde_json::json;
 
 use crate::decision::{Decision, Scope};
-use crate::headers::{decimal, RateLimitHeaders};
+use crate::headers::PolicyHeaders;
 use crate::quota::Policy;
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
@@ -25,7 +25,7 @@ pub(crate) fn limited(
     status: StatusCode,
     policy: &Policy,
     decision: &Decision,
-    headers: RateLimitHeaders,
+    headers: &PolicyHeaders,
 ) -> Response<Body> {
     let retry_after = decision.retry_after_secs().unwrap_or(1);
     // Room for content-type, every rate-limit header and Retry-After at
@@ -70,11 +70,11 @@ fn limited_body(name: &str, decision: &Decision, retry_after: u64) -> String {
         ],
         _ => ["API rate limit exceeded for resource '", "'."],
     };
-    let mut digits = [0; 20];
+    let mut digits = itoa::Buffer::new();
     let mut body = String::with_capacity(192 + 2 * name.len());
     for part in [
         "{\"limit\":",
-        decimal(decision.limit, &mut digits),
+        digits.format(decision.limit),
         ",\"message\":\"",
         message[0],
         name,
@@ -83,11 +83,11 @@ fn limited_body(name: &str, decision: &Decision, retry_after: u64) -> String {
     ] {
         body.push_str(part);
     }
-    body.push_str(decimal(decision.reset_epoch_secs(), &mut digits));
+    body.push_str(digits.format(decision.reset_epoch_secs()));
     for part in [",\"resource\":\"", name, "\",\"retry_after\":"] {
         body.push_str(part);
     }
-    body.push_str(decimal(retry_after, &mut digits));
+    body.push_str(digits.format(retry_after));
     for part in [",\"scope\":\"", decision.scope.as_str(), "\"}"] {
         body.push_str(part);
     }

@@ -78,9 +78,11 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
-
+        // Split here, not in the future: a request captured whole would sit
+        // in the future beside its own parts, making it too large for the
+        // allocator's fast path.
+        let (mut parts, body) = request.into_parts();
         ResponseFuture::new(async move {
-            let (mut parts, body) = request.into_parts();
             let pass = match limiter.admit(&mut parts).await {
                 Verdict::Pass(pass) => pass,
                 Verdict::Respond(response) => return Ok(response),

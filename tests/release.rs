@@ -18,6 +18,7 @@ use axum::extract::connect_info::MockConnectInfo;
 use axum::http::{Request, Response, StatusCode};
 use axum::routing::get;
 use axum::Router;
+use futures::FutureExt;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::sync::{oneshot, Notify};
@@ -326,6 +327,19 @@ async fn a_concurrency_slot_is_held_until_the_body_ends_then_released() {
         app.clone().oneshot(get_root()).await.unwrap().status(),
         StatusCode::OK
     );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_in_process_store_frees_a_slot_as_the_body_is_dropped_without_a_task() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let feeders = Feeders::default();
+    let (app, policy) = concurrency_app(store.clone(), &feeders, 1);
+    let response = app.oneshot(get_root()).await.unwrap();
+    assert_eq!(header(&response, "x-ratelimit-remaining"), "0");
+    drop(response);
+    // No await since the drop: on this one thread no task could have run.
+    let now = store.peek(&policy, &peer_key()).now_or_never();
+    assert_eq!(now.unwrap().unwrap().remaining, 1);
 }
 
 #[tokio::test]

@@ -48,7 +48,7 @@ impl KeyExtractor for HeaderKey {
             .get(&self.name)
             .filter(|v| !v.is_empty())
             .ok_or(KeyError::Missing("key header"))?;
-        Ok(Key::trusted(format!(
+        Ok(Key::trusted(&format!(
             "{}:{}",
             self.name.as_str(),
             hex_digest(value.as_bytes(), 32)

@@ -6,7 +6,7 @@
 //! proxy: the address your outermost proxy actually saw. Everything to the
 //! left of it was written by the client and is ignored.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use axum::extract::connect_info::MockConnectInfo;
 use axum::extract::ConnectInfo;
@@ -255,14 +255,34 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
         v4 => v4,
     };
     match ip {
-        IpAddr::V4(v4) => Key::trusted(format!("ip:{v4}")),
-        IpAddr::V6(v6) if ipv6_prefix >= 128 => Key::trusted(format!("ip:{v6}")),
+        IpAddr::V4(v4) => ipv4_key(v4),
+        IpAddr::V6(v6) if ipv6_prefix >= 128 => Key::trusted(&format!("ip:{v6}")),
         IpAddr::V6(v6) => {
             let mask = u128::MAX << (128 - u32::from(ipv6_prefix));
             let net = Ipv6Addr::from(u128::from(v6) & mask);
-            Key::trusted(format!("ip:{net}/{ipv6_prefix}"))
+            Key::trusted(&format!("ip:{net}/{ipv6_prefix}"))
         }
     }
+}
+
+/// `ip:a.b.c.d`, written on the stack: `format!` through `Ipv4Addr`'s
+/// `Display` cost more than the rest of taking the key.
+fn ipv4_key(v4: Ipv4Addr) -> Key {
+    let mut text = [0; 18]; // "ip:255.255.255.255"
+    text[..3].copy_from_slice(b"ip:");
+    let mut len = 3;
+    let mut digits = itoa::Buffer::new();
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        let octet = digits.format(octet).as_bytes();
+        text[len..len + octet.len()].copy_from_slice(octet);
+        len += octet.len();
+    }
+    // Only ASCII digits, dots and "ip:" were written.
+    Key::trusted(std::str::from_utf8(&text[..len]).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -336,6 +356,22 @@ mod tests {
         assert_eq!(key(&x, &p), "ip:10.1.1.1");
         let p = parts("10.0.0.1:1", &[]);
         assert_eq!(key(&x, &p), "ip:10.0.0.1");
+    }
+
+    #[test]
+    fn ipv4_keys_spell_every_octet() {
+        for ip in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.0.1",
+            "1.22.133.4",
+            "192.168.100.9",
+        ] {
+            let key = PeerIp::new()
+                .extract(&parts(&format!("{ip}:80"), &[]))
+                .unwrap();
+            assert_eq!(key.as_str(), format!("ip:{ip}"));
+        }
     }
 
     #[test]

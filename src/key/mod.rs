@@ -77,7 +77,7 @@ impl Key {
     }
 
     /// Builds from text already known to be safe (addresses, digests).
-    pub(crate) fn trusted(text: String) -> Self {
+    pub(crate) fn trusted(text: &str) -> Self {
         debug_assert!(!text.contains(['{', '}', '|']));
         Self(text.into())
     }

@@ -74,7 +74,7 @@ impl LocalDecisions {
             "rate limit decision from the local cache"
         );
         let response =
-            crate::response::limited(limiter.limited_status, policy, &rejection, limiter.headers);
+            crate::response::limited(limiter.limited_status, policy, &rejection, &limiter.headers);
         Some((response, Outcome::Limited))
     }
 

@@ -19,7 +19,7 @@ use super::{Job, Pushed, WorkQueue};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::future::ResponseFuture;
-use crate::headers::RateLimitHeaders;
+use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::quota::{Policy, Quota};
 use crate::response;
@@ -109,7 +109,7 @@ struct Config {
     interval: u64,
     max_body: usize,
     deadline: Duration,
-    headers: RateLimitHeaders,
+    headers: PolicyHeaders,
     limited_status: StatusCode,
     key_error_status: StatusCode,
 }
@@ -236,10 +236,10 @@ impl QueueLayerBuilder {
                 queue: self.queue,
                 key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
                 interval: interval_micros(&self.drain_rate),
+                headers: PolicyHeaders::new(self.headers, &policy),
                 policy,
                 max_body: self.max_body,
                 deadline: self.deadline,
-                headers: self.headers,
                 limited_status: self.limited_status,
                 key_error_status: StatusCode::BAD_REQUEST,
             }),
@@ -329,7 +329,7 @@ where
                     config.limited_status,
                     &config.policy,
                     &decision,
-                    config.headers,
+                    &config.headers,
                 ));
             };
             parts.extensions.insert(Enqueued {

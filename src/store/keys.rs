@@ -41,34 +41,15 @@ impl KeySpace {
         Ok(Self { prefix })
     }
 
-    /// `{prefix}:{{policy|key}}`: the part every key of one decision shares;
-    /// `{prefix}:{{policy}}` when a quota is shared by every caller.
-    pub(crate) fn tag(&self, policy: &Policy, key: &Key) -> String {
+    /// What the hash tag of a decision's keys names: the policy and the
+    /// caller, or the policy alone when a quota is shared by every caller.
+    /// The memory store hashes this to pick a shard without building a tag.
+    pub(crate) fn tagged<'a>(policy: &'a Policy, key: &'a Key) -> (&'a str, Option<&'a Key>) {
         if policy.strategy().has_resource_quota() {
-            let name = policy.name();
-            let mut tag = String::with_capacity(self.prefix.len() + name.len() + 3);
-            tag.push_str(&self.prefix);
-            tag.push_str(":{");
-            tag.push_str(name);
-            tag.push('}');
-            return tag;
+            (policy.name(), None)
+        } else {
+            (policy.name(), Some(key))
         }
-        self.tag_with_room(policy, key, 0)
-    }
-
-    /// `{prefix}:{{policy|key}}` in a string with `room` bytes to spare.
-    /// Built with `push_str`: `format!` was the memory store's largest cost
-    /// per decision.
-    fn tag_with_room(&self, policy: &Policy, key: &Key, room: usize) -> String {
-        let (name, key) = (policy.name(), key.as_str());
-        let mut tag = String::with_capacity(self.prefix.len() + name.len() + key.len() + 4 + room);
-        tag.push_str(&self.prefix);
-        tag.push_str(":{");
-        tag.push_str(name);
-        tag.push('|');
-        tag.push_str(key);
-        tag.push('}');
-        tag
     }
 
     /// `{prefix}:{~throttle|name}`: the tag of a throttle's filters. `~`
@@ -80,35 +61,79 @@ impl KeySpace {
     /// One key per quota, named by strategy so that changing a policy's
     /// strategy never reads another algorithm's state.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
+        let mut names = KeyNames::default();
+        self.name_quota_keys(policy, key, &mut names);
+        names.iter().map(str::to_owned).collect()
+    }
+
+    /// [`quota_keys`](Self::quota_keys), written into `names` (cleared
+    /// first): the memory store reuses one `KeyNames` per shard, so naming a
+    /// decision's keys allocates nothing once the buffer has grown.
+    pub(crate) fn name_quota_keys(&self, policy: &Policy, key: &Key, names: &mut KeyNames) {
+        names.text.clear();
+        names.ends.clear();
         let strategy = policy.strategy().as_str();
         if policy.strategy().has_resource_quota() {
-            let tag = self.tag(policy, key);
             // The resource's log, then this consumer's (quota 0, quota 1).
-            return vec![
-                format!("{tag}:{strategy}:resource"),
-                format!("{tag}:{strategy}:consumer:{}", key.as_str()),
-            ];
+            for (i, part) in ["resource", "consumer:"].into_iter().enumerate() {
+                self.push_tag(&mut names.text, Self::tagged(policy, key));
+                names.text.push(':');
+                names.text.push_str(strategy);
+                names.text.push(':');
+                names.text.push_str(part);
+                if i == 1 {
+                    names.text.push_str(key.as_str());
+                }
+                names.ends.push(names.text.len());
+            }
+            return;
         }
-        let count = policy.quotas().len();
-        // ":{strategy}:{i}", with i < 10 for every strategy's quota limit.
-        let suffix = strategy.len() + 4;
-        let mut stem = self.tag_with_room(policy, key, suffix);
-        stem.push(':');
-        stem.push_str(strategy);
-        stem.push(':');
-        let mut keys = Vec::with_capacity(count);
-        for i in 0..count.saturating_sub(1) {
-            let mut k = String::with_capacity(stem.len() + 2);
-            k.push_str(&stem);
-            push_index(&mut k, i);
-            keys.push(k);
+        for i in 0..policy.quotas().len() {
+            self.push_tag(&mut names.text, Self::tagged(policy, key));
+            names.text.push(':');
+            names.text.push_str(strategy);
+            names.text.push(':');
+            push_index(&mut names.text, i);
+            names.ends.push(names.text.len());
         }
-        if count > 0 {
-            // The last key takes the stem itself: one allocation per key.
-            push_index(&mut stem, count - 1);
-            keys.push(stem);
+    }
+
+    /// Appends the hash tag: `{prefix}:{{policy|key}}`, the part every key of
+    /// one decision shares, or `{prefix}:{{policy}}` (see [`Self::tagged`]).
+    fn push_tag(&self, out: &mut String, (name, key): (&str, Option<&Key>)) {
+        out.push_str(&self.prefix);
+        out.push_str(":{");
+        out.push_str(name);
+        if let Some(key) = key {
+            out.push('|');
+            out.push_str(key.as_str());
         }
-        keys
+        out.push('}');
+    }
+}
+
+/// The names of one decision's keys, in one buffer: see
+/// [`KeySpace::name_quota_keys`].
+#[derive(Debug, Default)]
+pub(crate) struct KeyNames {
+    text: String,
+    /// Where each name ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl KeyNames {
+    /// The names, quota 0 first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &str> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(&self.ends)
+            .map(|(start, &end)| &self.text[start..end])
+    }
+
+    /// Quota 0's name (empty for a policy without quotas, which cannot be
+    /// built).
+    pub(crate) fn first(&self) -> &str {
+        self.ends.first().map_or("", |&end| &self.text[..end])
     }
 }
 
@@ -166,9 +191,24 @@ mod tests {
             .map(|i| format!("x:{{p|k}}:fixed_window:{i}"))
             .collect();
         assert_eq!(keys, expected);
-        assert_eq!(
-            KeySpace::default().tag(&policy, &Key::new("k")),
-            "tollgate:{p|k}"
-        );
+    }
+
+    #[test]
+    fn reused_key_names_hold_only_the_latest_decisions_keys() {
+        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
+        let space = KeySpace::default();
+        let mut names = KeyNames::default();
+        let policies = [
+            Policy::fixed_window("a", q).and(q).and(q),
+            Policy::sliding_log("b", q, q),
+            Policy::gcra("c", q, std::num::NonZeroU32::MIN),
+        ];
+        for policy in &policies {
+            let key = Key::new("k");
+            space.name_quota_keys(policy, &key, &mut names);
+            let named: Vec<&str> = names.iter().collect();
+            assert_eq!(named, space.quota_keys(policy, &key));
+            assert_eq!(names.first(), named[0]);
+        }
     }
 }

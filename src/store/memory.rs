@@ -1,9 +1,12 @@
 //! The in-process store: the embedded default, no Redis needed.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use foldhash::fast::RandomState;
+
+use super::keys::KeyNames;
 use super::{BoxFuture, KeySpace, Store};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Receipt};
@@ -58,6 +61,12 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
+/// Keys are hashed with foldhash rather than std's SipHash, which cost
+/// more than the strategy itself. Keys are partly chosen by callers (an
+/// address, a header's digest, a custom extractor's text), so the hasher is
+/// randomly seeded per process and per map: foldhash is "minimally
+/// DoS-resistant", and colliding keys would have to be found without
+/// seeing the seed, through a rate limiter.
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
@@ -68,8 +77,10 @@ struct Inner {
 
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
-    entries: HashMap<String, Entry>,
+    entries: HashMap<String, Entry, RandomState>,
     next_sweep: u64,
+    /// The names of the current decision's keys, kept to reuse the buffer.
+    names: KeyNames,
 }
 
 #[derive(Debug)]
@@ -112,7 +123,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-                hasher: RandomState::new(),
+                hasher: RandomState::default(),
                 clock: Arc::new(clock),
                 keys: KeySpace::default(),
             }),
@@ -142,48 +153,56 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Runs `f` on the shard that holds `tag`'s keys, at the clock's now.
-    fn with_shard<T>(&self, tag: &str, f: impl FnOnce(&mut Shard, u64) -> T) -> T {
-        let index = self.inner.hasher.hash_one(tag) as usize % SHARDS;
+    /// Runs `f` on the shard that holds the keys of `key` under `policy`,
+    /// with their names, at the clock's now.
+    fn with_shard<T>(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        f: impl FnOnce(&mut Shard, &KeyNames, u64) -> T,
+    ) -> T {
+        // The hash of what the keys' hash tag names: one shard per tag, as
+        // one Redis Cluster slot, without building the tag.
+        let index = self.inner.hasher.hash_one(KeySpace::tagged(policy, key)) as usize % SHARDS;
         let mut shard = lock(&self.inner.shards[index]);
         let now = self.inner.clock.now_micros();
         if now >= shard.next_sweep {
             shard.sweep(now);
         }
-        f(&mut shard, now)
+        let mut names = std::mem::take(&mut shard.names);
+        self.inner.keys.name_quota_keys(policy, key, &mut names);
+        let result = f(&mut shard, &names, now);
+        shard.names = names;
+        result
     }
 
     fn decide(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
-        let tag = self.inner.keys.tag(policy, key);
-        let keys = self.inner.keys.quota_keys(policy, key);
-        let decision = self.with_shard(&tag, |shard, now| match policy.strategy() {
-            Strategy::FixedWindow => {
-                let mut windows: Vec<Option<Window>> = keys
-                    .iter()
-                    .map(|k| match shard.get(k, now) {
-                        Some(State::Window(w)) => Some(*w),
-                        _ => None,
-                    })
-                    .collect();
-                let decision = fixed_window::check(&mut windows, policy.quotas(), now, cost);
+        let decision = self.with_shard(policy, key, |shard, keys, now| match policy.strategy() {
+            Strategy::FixedWindow => with_slots(policy.quotas().len(), |windows| {
+                for (slot, k) in windows.iter_mut().zip(keys.iter()) {
+                    if let Some(State::Window(w)) = shard.get(k, now) {
+                        *slot = Some(*w);
+                    }
+                }
+                let decision = fixed_window::check(windows, policy.quotas(), now, cost);
                 if decision.allowed && cost > 0 {
-                    for (k, w) in keys.iter().zip(windows) {
-                        if let Some(w) = w {
+                    for (k, w) in keys.iter().zip(windows.iter()) {
+                        if let Some(w) = *w {
                             shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
                         }
                     }
                 }
                 decision
-            }
+            }),
             Strategy::UniformGate => {
                 let quota = &policy.quotas()[0];
-                let mut gate = match shard.get(&keys[0], now) {
+                let mut gate = match shard.get(keys.first(), now) {
                     Some(State::Gate(at)) => Some(*at),
                     _ => None,
                 };
                 let decision = uniform_gate::check(&mut gate, quota, now, cost);
                 if let (true, Some(at)) = (decision.allowed && cost > 0, gate) {
-                    shard.put(&keys[0], State::Gate(at), at + EXPIRY_GRACE_MICROS);
+                    shard.put(keys.first(), State::Gate(at), at + EXPIRY_GRACE_MICROS);
                 }
                 decision
             }
@@ -217,16 +236,15 @@ impl MemoryStore {
                 }
                 decision
             }
-            Strategy::SlidingWindow => {
-                let mut counters: Vec<Option<Counter>> = keys
-                    .iter()
-                    .map(|k| match shard.get(k, now) {
-                        Some(State::Counter(c)) => Some(*c),
-                        _ => None,
-                    })
-                    .collect();
-                let decision = sliding_window::check(&mut counters, policy.quotas(), now, cost);
+            Strategy::SlidingWindow => with_slots(policy.quotas().len(), |counters| {
+                for (slot, k) in counters.iter_mut().zip(keys.iter()) {
+                    if let Some(State::Counter(c)) = shard.get(k, now) {
+                        *slot = Some(*c);
+                    }
+                }
+                let decision = sliding_window::check(counters, policy.quotas(), now, cost);
                 if decision.allowed && cost > 0 {
+                    let counters = counters.iter().copied();
                     for ((k, c), q) in keys.iter().zip(counters).zip(policy.quotas()) {
                         if let Some(c) = c {
                             let expires_at = c.stale_at(q.window_micros()) + EXPIRY_GRACE_MICROS;
@@ -235,21 +253,21 @@ impl MemoryStore {
                     }
                 }
                 decision
-            }
+            }),
             Strategy::Gcra { burst } => {
-                let mut tat = match shard.get(&keys[0], now) {
+                let mut tat = match shard.get(keys.first(), now) {
                     Some(State::Tat(at)) => Some(*at),
                     _ => None,
                 };
                 let decision = gcra::check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
                 if let (true, Some(at)) = (decision.allowed && cost > 0, tat) {
-                    shard.put(&keys[0], State::Tat(at), at + EXPIRY_GRACE_MICROS);
+                    shard.put(keys.first(), State::Tat(at), at + EXPIRY_GRACE_MICROS);
                 }
                 decision
             }
             Strategy::LeakyBucket { capacity } => {
                 let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
-                let mut next_free = match shard.get(&keys[0], now) {
+                let mut next_free = match shard.get(keys.first(), now) {
                     Some(State::Leaky(t)) => Some(*t),
                     _ => None,
                 };
@@ -257,14 +275,14 @@ impl MemoryStore {
                 let d = leaky_bucket::check(&mut next_free, capacity, interval, now, cost);
                 if let (true, Some(t)) = (d.allowed && cost > 0, next_free) {
                     let expires = t + leaky_bucket::EXPIRY_GRACE_MICROS;
-                    shard.put(&keys[0], State::Leaky(t), expires);
+                    shard.put(keys.first(), State::Leaky(t), expires);
                 }
                 d
             }
             Strategy::Concurrency => {
                 let quota = policy.quotas()[0];
                 let (limit, timeout) = (u64::from(quota.limit()), quota.window_micros());
-                let mut set = match shard.get(&keys[0], now) {
+                let mut set = match shard.get(keys.first(), now) {
                     Some(State::InFlight(set)) => set.clone(),
                     _ => InFlight::default(),
                 };
@@ -272,7 +290,7 @@ impl MemoryStore {
                 let d = concurrency::check(&mut set, limit, timeout, now, cost, id);
                 if d.allowed && cost > 0 {
                     let expires = now + concurrency::expiry_micros(timeout);
-                    shard.put(&keys[0], State::InFlight(set), expires);
+                    shard.put(keys.first(), State::InFlight(set), expires);
                 }
                 d
             }
@@ -285,9 +303,7 @@ impl MemoryStore {
         if receipt.is_empty() {
             return;
         }
-        let tag = self.inner.keys.tag(policy, key);
-        let keys = self.inner.keys.quota_keys(policy, key);
-        self.with_shard(&tag, |shard, now| match policy.strategy() {
+        self.with_shard(policy, key, |shard, keys, now| match policy.strategy() {
             Strategy::FixedWindow => {
                 for (k, stamp) in keys.iter().zip(receipt.stamps()) {
                     if let Some(State::Window(w)) = shard.get_mut(k, now) {
@@ -301,16 +317,17 @@ impl MemoryStore {
             }
             Strategy::UniformGate => {
                 let stamp = receipt.stamps().first();
-                if let (Some(State::Gate(at)), Some(&stamp)) = (shard.get(&keys[0], now), stamp) {
+                if let (Some(State::Gate(at)), Some(&stamp)) = (shard.get(keys.first(), now), stamp)
+                {
                     let mut gate = Some(*at);
                     uniform_gate::refund(&mut gate, stamp);
                     if gate.is_none() {
-                        shard.remove(&keys[0]);
+                        shard.remove(keys.first());
                     }
                 }
             }
             Strategy::SlidingLog => {
-                for k in &keys {
+                for k in keys.iter() {
                     if let Some(State::Log(log)) = shard.get_mut(k, now) {
                         sliding_log::refund(
                             std::slice::from_mut(log),
@@ -331,7 +348,8 @@ impl MemoryStore {
             }
             Strategy::Gcra { .. } => {
                 let stamp = receipt.stamps().first();
-                if let (Some(State::Tat(at)), Some(&stamp)) = (shard.get_mut(&keys[0], now), stamp)
+                if let (Some(State::Tat(at)), Some(&stamp)) =
+                    (shard.get_mut(keys.first(), now), stamp)
                 {
                     let mut tat = Some(*at);
                     gcra::refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
@@ -340,7 +358,7 @@ impl MemoryStore {
             }
             Strategy::LeakyBucket { .. } => {
                 let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
-                if let Some(State::Leaky(t)) = shard.get_mut(&keys[0], now) {
+                if let Some(State::Leaky(t)) = shard.get_mut(keys.first(), now) {
                     let mut next_free = Some(*t);
                     let stamp = receipt.stamps().first().copied().unwrap_or(0);
                     leaky_bucket::refund(&mut next_free, stamp, receipt.cost(), interval, now);
@@ -348,7 +366,7 @@ impl MemoryStore {
                 }
             }
             Strategy::Concurrency => {
-                if let Some(State::InFlight(set)) = shard.get_mut(&keys[0], now) {
+                if let Some(State::InFlight(set)) = shard.get_mut(keys.first(), now) {
                     let id = receipt.stamps().first().copied().unwrap_or(0);
                     concurrency::release(set, id);
                 }
@@ -397,6 +415,16 @@ impl Shard {
     fn sweep(&mut self, now: u64) {
         self.entries.retain(|_, e| e.expires_at > now);
         self.next_sweep = now + SWEEP_EVERY_MICROS;
+    }
+}
+
+/// Runs `f` on `n` empty slots, one per quota: on the stack for every
+/// policy a layer accepts (at most 8 quotas), on the heap beyond.
+fn with_slots<T: Copy, R>(n: usize, f: impl FnOnce(&mut [Option<T>]) -> R) -> R {
+    let mut stack = [None; 8];
+    match stack.get_mut(..n) {
+        Some(slots) => f(slots),
+        None => f(&mut vec![None; n]),
     }
 }
 

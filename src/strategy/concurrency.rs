@@ -78,7 +78,7 @@ pub(crate) fn check(
         (count, newest)
     };
     let reset = newest.map_or(now, |t| t + timeout);
-    Decision::allowed(limit, count, reset, now).with_receipt(Receipt::new(cost, vec![id]))
+    Decision::allowed(limit, count, reset, now).with_receipt(Receipt::of(cost, [id]))
 }
 
 /// Frees request `id`'s slots (a no-op when they are gone already).

@@ -26,58 +26,61 @@ pub(crate) fn check(
     now: u64,
     cost: u64,
 ) -> Decision {
-    let mut current: Vec<Window> = windows
-        .iter()
-        .zip(quotas)
-        .map(|(stored, quota)| match stored {
-            Some(w) if w.reset_at > now => *w,
-            _ => Window {
-                count: 0,
-                reset_at: now + quota.window_micros(),
-            },
-        })
-        .collect();
+    // A stored window that has ended counts as a fresh, empty one. Computed
+    // where needed rather than collected: no allocation per decision.
+    let current = |stored: &Option<Window>, quota: &Quota| match stored {
+        Some(w) if w.reset_at > now => *w,
+        _ => Window {
+            count: 0,
+            reset_at: now + quota.window_micros(),
+        },
+    };
 
     // The rejecting quota that frees up last decides Retry-After; when all
     // fit, the one with the least left is reported.
-    let mut rejected: Option<usize> = None;
-    for (i, (w, q)) in current.iter().zip(quotas).enumerate() {
+    let mut rejected: Option<(usize, Window)> = None;
+    for (i, (stored, q)) in windows.iter().zip(quotas).enumerate() {
+        let w = current(stored, q);
         if w.count + cost > u64::from(q.limit()) {
-            let later = rejected.is_none_or(|r| w.reset_at > current[r].reset_at);
+            let later = rejected.is_none_or(|(_, r)| w.reset_at > r.reset_at);
             if later {
-                rejected = Some(i);
+                rejected = Some((i, w));
             }
         }
     }
 
-    if let Some(i) = rejected {
-        let (w, q) = (current[i], quotas[i]);
-        let limit = u64::from(q.limit());
+    if let Some((i, w)) = rejected {
+        let limit = u64::from(quotas[i].limit());
         return Decision::rejected(limit, w.count.min(limit), w.reset_at, now, w.reset_at - now)
             .reporting(i);
     }
 
     if cost > 0 {
-        for (slot, w) in windows.iter_mut().zip(current.iter_mut()) {
+        for (slot, q) in windows.iter_mut().zip(quotas) {
+            let mut w = current(slot, q);
             w.count += cost;
-            *slot = Some(*w);
+            *slot = Some(w);
         }
     }
 
+    let left = |i: usize| {
+        u64::from(quotas[i].limit()).saturating_sub(current(&windows[i], &quotas[i]).count)
+    };
     let mut report = 0;
-    for (i, (w, q)) in current.iter().zip(quotas).enumerate() {
-        let left = u64::from(q.limit()).saturating_sub(w.count);
-        let best = u64::from(quotas[report].limit()).saturating_sub(current[report].count);
-        if left < best {
+    for i in 1..windows.len().min(quotas.len()) {
+        if left(i) < left(report) {
             report = i;
         }
     }
-    let (w, q) = (current[report], quotas[report]);
+    let (w, q) = (current(&windows[report], &quotas[report]), quotas[report]);
     Decision::allowed(u64::from(q.limit()), w.count, w.reset_at, now)
         .reporting(report)
-        .with_receipt(Receipt::new(
+        .with_receipt(Receipt::of(
             cost,
-            current.iter().map(|w| w.reset_at).collect(),
+            windows
+                .iter()
+                .zip(quotas)
+                .map(|(s, q)| current(s, q).reset_at),
         ))
 }
 

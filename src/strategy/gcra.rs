@@ -71,7 +71,7 @@ pub(crate) fn check(
         *tat = Some(next);
     }
     Decision::allowed(limit, limit - remaining(next), next, now)
-        .with_receipt(Receipt::new(cost, vec![next]))
+        .with_receipt(Receipt::of(cost, [next]))
 }
 
 /// Moves `tat` back by `cost × T`, never before `now`, and never before the

@@ -72,7 +72,7 @@ pub(crate) fn check(
     }
     Decision::allowed(capacity, after.div_ceil(interval), end, now)
         .delayed(level)
-        .with_receipt(Receipt::new(cost, vec![end]))
+        .with_receipt(Receipt::of(cost, [end]))
 }
 
 /// Gives back the slot ending at `stamp`: the bucket empties `cost·T`

@@ -161,7 +161,7 @@ pub(crate) fn check(logs: &mut [Log], quotas: &[Quota], now: u64, cost: u64, id:
     let reset_at = reset(&logs[report], used, q.window_micros());
     Decision::allowed(u64::from(q.limit()), used, reset_at, now)
         .reporting(report)
-        .with_receipt(Receipt::new(cost, vec![now, id]))
+        .with_receipt(Receipt::of(cost, [now, id]))
 }
 
 /// Removes what the pass stamped `[at, id]` charged, from every log; units

@@ -184,10 +184,7 @@ pub(crate) fn check(
         now,
     )
     .reporting(report)
-    .with_receipt(Receipt::new(
-        cost,
-        charged.iter().map(|c| c.start).collect(),
-    ))
+    .with_receipt(Receipt::of(cost, charged.iter().map(|c| c.start)))
 }
 
 /// Gives `cost` back to the window each stamp names (its start), whether it

@@ -42,7 +42,7 @@ pub(crate) fn check(reopen_at: &mut Option<u64>, quota: &Quota, now: u64, cost: 
         None => {
             let at = now + closing(quota.window_micros(), cost);
             *reopen_at = Some(at);
-            Decision::allowed(1, 1, at, now).with_receipt(Receipt::new(cost, vec![at]))
+            Decision::allowed(1, 1, at, now).with_receipt(Receipt::of(cost, [at]))
         }
     }
 }
