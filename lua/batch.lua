@@ -1,8 +1,10 @@
 -- tollgate: several decisions of one strategy in one script call.
 --
--- The store wraps a decision script as `decide` (its KEYS and ARGV become
--- the function's parameters) and appends this file, so each decision runs
--- exactly the code it would run alone, one after the other, atomically.
+-- The store puts a decision script before this file, wrapped as
+-- `decide(KEYS, ARGV)` with an empty `flush()`, so each decision runs exactly
+-- the code it would run alone, one after the other, atomically. A strategy
+-- may instead bring its own `decide(keys, args)` and `flush()` (called once,
+-- after every decision), as lua/fixed_window_batch.lua does.
 -- Redis TIME is read once for the whole call and given to every decision
 -- that asked for it (its ARGV[1] is -1): one clock for all of them.
 --
@@ -39,4 +41,5 @@ for c = 1, tonumber(ARGV[1]) do
     out[c] = {'err', tostring(reply)}
   end
 end
+flush()
 return out

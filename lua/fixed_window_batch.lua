@@ -1,6 +1,6 @@
 -- tollgate: several fixed-window decisions in one call, each key read and
--- written once. Mirrors lua/fixed_window.lua (and the batch layout of
--- lua/batch.lua); change them together.
+-- written once: the `decide` and `flush` that lua/batch.lua (appended by the
+-- store) calls. Mirrors lua/fixed_window.lua; change them together.
 --
 -- Decisions run one after the other, exactly as lua/fixed_window.lua would
 -- run them alone, but a key's state is read on its first use in the call and
@@ -8,18 +8,11 @@
 -- (a flood) cost Redis one HMGET and one HINCRBY per call, not per request.
 -- Nothing else can run in between, so the result is the same.
 --
--- KEYS         every decision's keys, one decision after the other
--- ARGV[1]      n, the number of decisions
--- then for each decision: its key count, its argument count, and its
--- arguments as lua/fixed_window.lua takes them (now, cost, limit and window
--- per quota)
---
--- Reply: n replies, each what lua/fixed_window.lua returns, or
--- {'err', message} if it failed.
+-- Each decision's keys and arguments are lua/fixed_window.lua's, `now`
+-- already read from Redis TIME by lua/batch.lua when the caller sent -1.
 
 local function int(x) return string.format('%.0f', x) end
 
-local time = nil
 local state, order = {}, {}
 
 -- The state of `key` as a decision at `now` with `window` sees it: the
@@ -41,13 +34,6 @@ end
 
 local function decide(keys, args)
   local now = tonumber(args[1])
-  if now < 0 then
-    if time == nil then
-      local t = redis.call('TIME')
-      time = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
-    now = time
-  end
   local cost = tonumber(args[2])
   local n = #keys
   local s, limit = {}, {}
@@ -78,35 +64,18 @@ local function decide(keys, args)
   return reply
 end
 
-local out, k, a = {}, 0, 2
-for c = 1, tonumber(ARGV[1]) do
-  local nk, na = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  a = a + 2
-  local keys, args = {}, {}
-  for i = 1, nk do keys[i] = KEYS[k + i] end
-  for i = 1, na do args[i] = ARGV[a + i - 1] end
-  k, a = k + nk, a + na
-  local ok, reply = pcall(decide, keys, args)
-  if ok then
-    out[c] = reply
-  elseif type(reply) == 'table' and reply.err then
-    out[c] = {'err', reply.err}
-  else
-    out[c] = {'err', tostring(reply)}
-  end
-end
-
--- Write back what changed: a window opened here is written whole, with its
+-- Writes back what changed: a window opened here is written whole, with its
 -- expiry; an open one only moves its count, keeping the expiry it has.
-for _, key in ipairs(order) do
-  local s = state[key]
-  if s.fresh then
-    if s.added > 0 then
-      redis.call('HSET', key, 'c', int(s.c), 'r', int(s.r))
-      redis.call('PEXPIRE', key, int(s.px))
+local function flush()
+  for _, key in ipairs(order) do
+    local s = state[key]
+    if s.fresh then
+      if s.added > 0 then
+        redis.call('HSET', key, 'c', int(s.c), 'r', int(s.r))
+        redis.call('PEXPIRE', key, int(s.px))
+      end
+    elseif s.added > 0 then
+      redis.call('HINCRBY', key, 'c', int(s.added))
     end
-  elseif s.added > 0 then
-    redis.call('HINCRBY', key, 'c', int(s.added))
   end
 end
-return out

@@ -63,6 +63,36 @@ fn strategies() -> Vec<(Policy, i64)> {
     ]
 }
 
+/// Blocks `server` for `secs` seconds (`DEBUG SLEEP` from another thread),
+/// once the command has started.
+async fn put_to_sleep(server: &RedisServer, secs: &'static str) -> std::thread::JoinHandle<()> {
+    let url = server.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(secs)
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    sleeper
+}
+
+/// One policy per strategy, small enough to exhaust in a few calls.
+fn one_policy_per_strategy() -> [Policy; 7] {
+    let three = NonZeroU32::new(3).unwrap();
+    [
+        Policy::fixed_window("fixed", per_minute(3)).and(per_minute(100)),
+        Policy::sliding_window("window", per_minute(3)),
+        Policy::sliding_log("log", per_minute(100), per_minute(3)),
+        Policy::gcra("gcra", per_minute(3), three),
+        Policy::uniform_gate("gate", Duration::from_secs(10)).unwrap(),
+        Policy::leaky_bucket("leaky", per_minute(3), three),
+        Policy::concurrency("concurrency", three, Duration::from_secs(60)).unwrap(),
+    ]
+}
+
 #[tokio::test]
 async fn one_decision_is_one_evalsha_and_one_refund_is_one_evalsha() {
     let server = RedisServer::start();
@@ -197,16 +227,7 @@ async fn a_pre_check_alone_decides_a_rejection_and_never_writes() {
     .pre_check(true)
     .build()
     .unwrap();
-    let three = NonZeroU32::new(3).unwrap();
-    let policies = [
-        Policy::fixed_window("fixed", per_minute(3)).and(per_minute(100)),
-        Policy::sliding_window("window", per_minute(3)),
-        Policy::sliding_log("log", per_minute(100), per_minute(3)),
-        Policy::gcra("gcra", per_minute(3), three),
-        Policy::uniform_gate("gate", Duration::from_secs(10)).unwrap(),
-        Policy::leaky_bucket("leaky", per_minute(3), three),
-        Policy::concurrency("concurrency", three, Duration::from_secs(60)).unwrap(),
-    ];
+    let policies = one_policy_per_strategy();
     for policy in &policies {
         let name = policy.strategy().as_str();
         // Load both scripts first: the counts below are of decisions alone.
@@ -314,16 +335,7 @@ async fn concurrent_decisions_share_script_calls_and_decide_as_if_alone() {
 async fn every_strategy_decides_the_same_batched_or_alone() {
     let server = RedisServer::start();
     let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
-    let three = NonZeroU32::new(3).unwrap();
-    let policies = [
-        Policy::fixed_window("fixed", per_minute(7)).and(per_minute(100)),
-        Policy::sliding_window("window", per_minute(7)),
-        Policy::sliding_log("log", per_minute(100), per_minute(7)),
-        Policy::gcra("gcra", per_minute(7), three),
-        Policy::uniform_gate("gate", Duration::from_secs(10)).unwrap(),
-        Policy::leaky_bucket("leaky", per_minute(7), three),
-        Policy::concurrency("concurrency", three, Duration::from_secs(60)).unwrap(),
-    ];
+    let policies = one_policy_per_strategy();
     let mut outcomes = Vec::new();
     for batching in [false, true] {
         let conn = redis::Client::open(server.url())
@@ -716,16 +728,7 @@ async fn a_redis_slower_than_the_deadline_applies_the_failure_policy() {
         "1"
     );
 
-    let url = server.url();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.6")
-            .query(&mut conn)
-            .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await; // let DEBUG SLEEP start
+    let sleeper = put_to_sleep(&server, "0.6").await;
     let (res, took) = get_root(&app).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.headers()["x-ratelimit-fallback"], "open");
@@ -743,18 +746,9 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
     let policy = Policy::fixed_window("core", per_minute(100));
     store.check(&policy, &Key::new("k"), 1).await.unwrap();
 
-    let url = server.url();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.3")
-            .query(&mut conn)
-            .unwrap();
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await; // let DEBUG SLEEP start
-                                                         // Four calls take every slot while Redis sleeps; the rest queue, and
-                                                         // their requests give up (as the layer's deadline would).
+    let sleeper = put_to_sleep(&server, "0.3").await;
+    // Four calls take every slot while Redis sleeps; the rest queue, and
+    // their requests give up (as the layer's deadline would).
     let sent: Vec<_> = (0..4)
         .map(|_| {
             let (store, policy) = (store.clone(), policy.clone());

@@ -44,10 +44,21 @@ impl LuaScript {
     /// The batch wrapper of a decision script (`lua/batch.lua`): runs several
     /// decisions, each exactly as the script alone would, in one call.
     pub(crate) fn batch_of(name: &'static str, source: &str) -> Self {
+        Self::batch_with(
+            name,
+            &format!(
+                "local function decide(KEYS, ARGV)\n{source}\nend\nlocal function flush() end\n"
+            ),
+        )
+    }
+
+    /// `lua/batch.lua` after `decide_and_flush`, a strategy's own batch
+    /// functions `decide(keys, args)` and `flush()`.
+    pub(crate) fn batch_with(name: &'static str, decide_and_flush: &str) -> Self {
         Self::new(
             name,
             format!(
-                "local function decide(KEYS, ARGV)\n{source}\nend\n{}",
+                "{decide_and_flush}\n{}",
                 include_str!("../../../lua/batch.lua")
             ),
         )
@@ -190,9 +201,9 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
             let sha = LuaScript::new(name, source.into()).sha;
             let batch = match name {
                 // Reads and writes each key once per call, not per decision.
-                "fixed_window" => LuaScript::new(
+                "fixed_window" => LuaScript::batch_with(
                     "fixed_window_batch",
-                    include_str!("../../../lua/fixed_window_batch.lua").into(),
+                    include_str!("../../../lua/fixed_window_batch.lua"),
                 ),
                 _ => LuaScript::batch_of(name, source),
             };
