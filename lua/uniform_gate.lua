@@ -36,13 +36,13 @@ local cost = tonumber(ARGV[2])
 
 local at = now + math.min(cost * tonumber(ARGV[3]), tonumber(ARGV[4]))
 if cost == 0 or dry_run then
-  local until_ = tonumber(redis.call('GET', KEYS[1]))
-  local closed = until_ and until_ > now
+  local opens_at = tonumber(redis.call('GET', KEYS[1]))
+  local closed = opens_at and opens_at > now
   if cost == 0 then
-    if closed then return {1, 1, 1, until_, -1, now, 0} end
+    if closed then return {1, 1, 1, opens_at, -1, now, 0} end
     return {1, 1, 0, now, -1, now, 0}
   end
-  if closed then return {0, 1, 1, until_, until_ - now, now, 0} end
+  if closed then return {0, 1, 1, opens_at, opens_at - now, now, 0} end
   return {1, 1, 1, at, -1, now, 0, at}
 end
 
