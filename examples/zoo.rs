@@ -34,8 +34,9 @@
 //!   drained by `cargo run --example queue_processor`, else in memory.
 //! - `GET /strategies/{name}`: the same, limited by each strategy in turn
 //!   (`examples/support/lineup.rs`); `GET /strategies` lists the names.
-//! - `GET /unlimited` (only with `ZOO_BENCH=1`): the same handler with no
-//!   limiter, the baseline the load test compares with.
+//! - `GET /unlimited` and `GET /strategies/unlimited` (only with
+//!   `ZOO_BENCH=1`): the same handler with no limiter, the baseline the load
+//!   test compares with (the second at the limited routes' depth).
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -246,7 +247,11 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     }
     router = router.route("/strategies", get(move || async move { names }));
     if settings.bench {
-        router = router.route("/unlimited", get(tigerfeeding));
+        // The baseline at the limited routes' depth, so the comparison
+        // differs in the limiter alone, not in routing a longer path.
+        router = router
+            .route("/unlimited", get(tigerfeeding))
+            .route("/strategies/unlimited", get(tigerfeeding));
     }
     Ok(router
         .route("/rate_limit", get(rate_limit))

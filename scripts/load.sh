@@ -11,7 +11,8 @@
 # another (CLIENT_CPU, default 0), and measures, for every strategy the zoo
 # serves under /strategies/{name} (examples/support/lineup.rs):
 #
-#   - /unlimited (the same handler with no limiter) and every strategy, with
+#   - /strategies/unlimited (the same handler with no limiter, at the same
+#     route depth) and every strategy, with
 #     a budget nothing can spend (pass) and with a budget of 1 (reject: all
 #     but the first request get a 429), on the memory store and on Redis,
 #     LOAD_CONNS (64) connections;
@@ -171,11 +172,10 @@ serve() {
     [ -n "$names" ] || { echo "load.sh: no strategy in LOAD_STRATEGIES=$LOAD_STRATEGIES" >&2; exit 2; }
   fi
   for name in $names; do curl -s -o /dev/null "$url/strategies/$name"; done
-  taskset -c "$CLIENT_CPU" wrk -t1 -c"$LOAD_CONNS" -d2s "$url/unlimited" >/dev/null
+  taskset -c "$CLIENT_CPU" wrk -t1 -c"$LOAD_CONNS" -d2s "$url/strategies/unlimited" >/dev/null
   for run in $(seq "$LOAD_RUNS"); do
     for route in unlimited $names; do
-      path=/unlimited
-      [ "$route" = unlimited ] || path="/strategies/$route"
+      path="/strategies/$route"
       measure "$store" "$outcome" full "$route" "$run" "$url$path"
       if [ "$outcome" = pass ]; then
         measure "$store" "$outcome" moderate "$route" "$run" "$url$path"

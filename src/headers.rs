@@ -1,6 +1,8 @@
 //! Telling clients where they stand: GitHub-style `X-RateLimit-*` headers,
 //! `Retry-After`, and optionally the IETF draft's `RateLimit` fields.
 
+use std::cell::RefCell;
+
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
@@ -152,36 +154,60 @@ impl PolicyHeaders {
     }
 
     /// GitHub's five headers. Limit and Resource are prebuilt; the three
-    /// numbers that change are written into one buffer and sliced: one
-    /// allocation per response instead of one per value.
+    /// numbers that change are written into a per-thread arena and sliced
+    /// out of it, so a response allocates nothing for them.
     fn github(&self, headers: &mut HeaderMap, decision: &Decision) {
         let limit = match self.limits.get(decision.quota) {
             Some((limit, value)) if *limit == decision.limit => value.clone(),
             _ => number(decision.limit),
         };
         headers.insert(LIMIT.clone(), limit);
-        let mut buf = BytesMut::with_capacity(3 * 20);
-        let mut ends = [0; 3];
-        for (end, n) in ends.iter_mut().zip([
+        let values = numbers([
             decision.remaining,
             decision.used,
             decision.reset_epoch_secs(),
-        ]) {
-            buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            *end = buf.len();
-        }
-        let buf = buf.freeze();
-        let mut start = 0;
-        for (header, end) in [&REMAINING, &USED, &RESET].into_iter().zip(ends) {
-            if let Ok(value) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+        ]);
+        for (header, value) in [&REMAINING, &USED, &RESET].into_iter().zip(values) {
+            if let Ok(value) = HeaderValue::from_maybe_shared(value) {
                 headers.insert(header.clone(), value);
             }
-            start = end;
         }
         if let Some(resource) = &self.resource {
             headers.insert(RESOURCE.clone(), resource.clone());
         }
     }
+}
+
+/// Bytes of header digits carved per allocation: over a hundred responses.
+const ARENA_BYTES: usize = 4096;
+
+thread_local! {
+    /// Where this thread writes header digits. Each response's slices share
+    /// the chunk by reference count; a chunk is freed when the last response
+    /// cut from it is gone, and replaced when it runs short.
+    static ARENA: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// `ns` in decimal, as slices of one shared buffer.
+fn numbers<const N: usize>(ns: [u64; N]) -> [Bytes; N] {
+    ARENA.with_borrow_mut(|arena| {
+        if arena.capacity() - arena.len() < N * 20 {
+            *arena = BytesMut::with_capacity(ARENA_BYTES.max(N * 20));
+        }
+        let mut ends = [0; N];
+        let mut digits = itoa::Buffer::new();
+        for (end, n) in ends.iter_mut().zip(ns) {
+            arena.extend_from_slice(digits.format(n).as_bytes());
+            *end = arena.len();
+        }
+        let all = arena.split().freeze();
+        let mut start = 0;
+        ends.map(|end| {
+            let value = all.slice(start..end);
+            start = end;
+            value
+        })
+    })
 }
 
 /// `n` in decimal as a header value.
@@ -230,6 +256,20 @@ mod tests {
         assert_eq!(headers["x-ratelimit-reset"], "11");
         assert_eq!(headers["x-ratelimit-resource"], "core");
         assert!(!headers.contains_key(RETRY_AFTER));
+    }
+
+    #[test]
+    fn numbers_cut_from_the_arena_stay_intact_across_chunks() {
+        // Enough responses to fill several chunks; every value is kept
+        // alive, so later chunks must never write over earlier ones.
+        let kept: Vec<_> = (0..1_000u64)
+            .map(|i| (i, numbers([i, u64::MAX - i, 1_795_000_000 + i])))
+            .collect();
+        for (i, [a, b, c]) in kept {
+            assert_eq!(&a[..], i.to_string().as_bytes());
+            assert_eq!(&b[..], (u64::MAX - i).to_string().as_bytes());
+            assert_eq!(&c[..], (1_795_000_000 + i).to_string().as_bytes());
+        }
     }
 
     #[test]

@@ -108,17 +108,38 @@ impl Pass {
     }
 }
 
-/// The outcome of [`Limiter::admit`].
+/// The outcome of admitting a request.
 pub(crate) enum Verdict {
     Pass(Pass),
     Respond(Response<Body>),
 }
 
+/// A verdict and how it is counted.
+type Decided = (Verdict, Outcome);
+
+/// A request [`Limiter::admit_now`] could not decide without awaiting the
+/// store; [`Limiter::admit_later`] goes on from here.
+pub(crate) struct Pending {
+    waiting: Waiting,
+    span: tracing::Span,
+}
+
+/// Where deciding stopped to await a store.
+struct Waiting {
+    key: Key,
+    cost: u64,
+    /// `Some`: the main store failed so, and the local fallback is awaited.
+    failed: Option<StoreErrorKind>,
+}
+
 impl Limiter {
-    /// Identifies the caller and decides, never waiting past the deadline;
-    /// counts the outcome, and traces it in a debug span with the policy,
-    /// the hashed key and the outcome.
-    pub(crate) async fn admit(&self, parts: &mut Parts) -> Verdict {
+    /// Identifies the caller and decides, if that needs no waiting: the
+    /// store answers at once (an in-process store) or is not asked at all
+    /// (allow and deny lists, a missing key, throttling). Otherwise hands
+    /// back what [`admit_later`](Self::admit_later) needs to go on. Either
+    /// way the outcome is counted once, and traced in a debug span with the
+    /// policy, the hashed key and the outcome.
+    pub(crate) fn admit_now(&self, parts: &mut Parts) -> Result<Verdict, Pending> {
         let span = tracing::debug_span!(
             "rate_limit",
             policy = self.policy.name(),
@@ -126,28 +147,123 @@ impl Limiter {
             outcome = tracing::field::Empty,
             remaining = tracing::field::Empty,
         );
+        let step = if span.is_disabled() {
+            self.decide_now(parts, &span)
+        } else {
+            let _entered = span.enter();
+            self.decide_now(parts, &span)
+        };
+        match step {
+            Ok((verdict, outcome)) => Ok(self.record(verdict, outcome, &span)),
+            Err(Waiting { key, cost, failed }) => Err(Pending {
+                waiting: Waiting { key, cost, failed },
+                span,
+            }),
+        }
+    }
+
+    /// Goes on where [`admit_now`](Self::admit_now) stopped, awaiting the
+    /// store (never past the deadline).
+    pub(crate) async fn admit_later(&self, parts: &mut Parts, pending: Pending) -> Verdict {
+        let Pending { waiting, span } = pending;
         // Instrumenting costs a move of the whole decision's future even
         // when nobody listens: only when the span is on.
         let (verdict, outcome) = if span.is_disabled() {
-            self.decide(parts, &span).await
+            self.decide_later(parts, waiting, &span).await
         } else {
-            self.decide(parts, &span).instrument(span.clone()).await
+            self.decide_later(parts, waiting, &span)
+                .instrument(span.clone())
+                .await
         };
+        self.record(verdict, outcome, &span)
+    }
+
+    fn record(&self, verdict: Verdict, outcome: Outcome, span: &tracing::Span) -> Verdict {
         self.metrics.decision(outcome);
         span.record("outcome", outcome.as_str());
-        tracing::debug!(parent: &span, "rate limit decision");
+        tracing::debug!(parent: span, "rate limit decision");
         verdict
     }
 
-    async fn decide(&self, parts: &mut Parts, span: &tracing::Span) -> (Verdict, Outcome) {
+    /// As far as the request can be decided without awaiting.
+    fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Result<Decided, Waiting> {
+        let (key, cost) = match self.identify(parts, span) {
+            Ok(identified) => identified,
+            Err(decided) => return Ok(decided),
+        };
+        let Some(result) = self.ask_main_now(&key, cost) else {
+            return Err(Waiting {
+                key,
+                cost,
+                failed: None,
+            });
+        };
+        let err = match result {
+            Ok(decision) => {
+                return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
+            }
+            Err(err) => err,
+        };
+        let (local, kind) = match self.on_failure(parts, &key, err) {
+            Ok(fallback) => fallback,
+            Err(decided) => return Ok(decided),
+        };
+        match local.check_now(&self.policy, &key, cost) {
+            Some(result) => Ok(self.fallen_back(parts, key, cost, kind, result, span)),
+            None => Err(Waiting {
+                key,
+                cost,
+                failed: Some(kind),
+            }),
+        }
+    }
+
+    /// The rest of [`decide_now`](Self::decide_now), awaiting the store.
+    async fn decide_later(
+        &self,
+        parts: &mut Parts,
+        waiting: Waiting,
+        span: &tracing::Span,
+    ) -> Decided {
+        let Waiting { key, cost, failed } = waiting;
+        let kind = match failed {
+            Some(kind) => kind,
+            None => {
+                let err = match self.ask_main(&key, cost).await {
+                    Ok(decision) => {
+                        return self.judge(parts, key, cost, decision, Decider::Main, None, span)
+                    }
+                    Err(err) => err,
+                };
+                match self.on_failure(parts, &key, err) {
+                    Ok((_, kind)) => kind,
+                    Err(decided) => return decided,
+                }
+            }
+        };
+        let FailurePolicy::Local(local) = &self.failure else {
+            // Only a local failure policy leaves a request waiting on a fallback.
+            return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
+        };
+        let result = Box::pin(self.ask(&**local, &key, cost)).await;
+        self.fallen_back(parts, key, cost, kind, result, span)
+    }
+
+    /// The caller's key and the request's cost; or the verdict, when the
+    /// store need not (allow and deny lists, throttling) or cannot (no key)
+    /// be asked.
+    // Not boxed: a verdict is every request's result, and boxing it would
+    // allocate on the path this split exists to keep allocation-free.
+    #[allow(clippy::result_large_err)]
+    fn identify(&self, parts: &mut Parts, span: &tracing::Span) -> Result<(Key, u64), Decided> {
         match self.access.check(parts) {
             None => {}
             Some(Listed::Allowed) => {
-                return (Verdict::Pass(Pass::bare(None)), Outcome::AllowListed)
+                return Err((Verdict::Pass(Pass::bare(None)), Outcome::AllowListed))
             }
             Some(Listed::Denied) => {
                 let response = response::denied(self.limited_status, &self.policy);
-                return (Verdict::Respond(response), Outcome::DenyListed);
+                return Err((Verdict::Respond(response), Outcome::DenyListed));
             }
         }
         let key = match self.key.extract(parts) {
@@ -155,10 +271,10 @@ impl Limiter {
             Err(err) => {
                 tracing::debug!(policy = self.policy.name(), error = %err, "rate limit key not found");
                 if self.shadow {
-                    return (Verdict::Pass(Pass::bare(None)), Outcome::KeyError);
+                    return Err((Verdict::Pass(Pass::bare(None)), Outcome::KeyError));
                 }
                 let response = response::unidentified(self.key_error_status, &err);
-                return (Verdict::Respond(response), Outcome::KeyError);
+                return Err((Verdict::Respond(response), Outcome::KeyError));
             }
         };
         if !span.is_disabled() {
@@ -166,44 +282,84 @@ impl Limiter {
         }
         let cost = self.cost.as_ref().map_or(1, |f| f(parts));
         if let Some((response, outcome)) = self.local.before_store(self, &key, cost) {
-            return (Verdict::Respond(response), outcome);
+            return Err((Verdict::Respond(response), outcome));
         }
+        Ok((key, cost))
+    }
 
-        let (decision, decider, degraded) = match self.ask_main(&key, cost).await {
-            Ok(decision) => (decision, Decider::Main, None),
-            Err(err) => {
-                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
-                    "rate limit store failed; applying failure policy");
-                let kind = err.kind();
-                parts.extensions.insert(StoreUnavailable { kind });
-                match &self.failure {
-                    FailurePolicy::Open => {
-                        return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)
-                    }
-                    // Shadow mode never rejects: fail open instead.
-                    FailurePolicy::Closed { .. } if self.shadow => {
-                        return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)
-                    }
-                    FailurePolicy::Closed { retry_after } => {
-                        let secs = (retry_after.as_micros() as u64).div_ceil(1_000_000);
-                        return (
-                            Verdict::Respond(response::unavailable(secs)),
-                            Outcome::FailClosed,
-                        );
-                    }
-                    FailurePolicy::Local(local) => {
-                        match Box::pin(self.ask(&**local, &key, cost)).await {
-                            Ok(decision) => (decision, Decider::Fallback, Some(kind)),
-                            Err(err) => {
-                                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
-                                return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
-                            }
-                        }
-                    }
-                }
+    /// Applies the failure policy to a failed main store: the verdict, or
+    /// the local store to ask instead.
+    // Not boxed: a verdict is every request's result, and boxing it would
+    // allocate on the path this split exists to keep allocation-free.
+    #[allow(clippy::result_large_err)]
+    fn on_failure(
+        &self,
+        parts: &mut Parts,
+        key: &Key,
+        err: StoreError,
+    ) -> Result<(&Arc<dyn Store>, StoreErrorKind), Decided> {
+        tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+            "rate limit store failed; applying failure policy");
+        let kind = err.kind();
+        parts.extensions.insert(StoreUnavailable { kind });
+        match &self.failure {
+            FailurePolicy::Open => Err((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)),
+            // Shadow mode never rejects: fail open instead.
+            FailurePolicy::Closed { .. } if self.shadow => {
+                Err((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
             }
-        };
+            FailurePolicy::Closed { retry_after } => {
+                let secs = (retry_after.as_micros() as u64).div_ceil(1_000_000);
+                Err((
+                    Verdict::Respond(response::unavailable(secs)),
+                    Outcome::FailClosed,
+                ))
+            }
+            FailurePolicy::Local(local) => Ok((local, kind)),
+        }
+    }
 
+    /// The verdict of the local fallback store, asked because the main one
+    /// failed with `kind`.
+    fn fallen_back(
+        &self,
+        parts: &mut Parts,
+        key: Key,
+        cost: u64,
+        kind: StoreErrorKind,
+        result: Result<Decision, StoreError>,
+        span: &tracing::Span,
+    ) -> Decided {
+        match result {
+            Ok(decision) => self.judge(
+                parts,
+                key,
+                cost,
+                decision,
+                Decider::Fallback,
+                Some(kind),
+                span,
+            ),
+            Err(err) => {
+                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
+                (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)
+            }
+        }
+    }
+
+    /// Turns a store's decision into the verdict: a rejection's response,
+    /// or a pass carrying what settling it needs.
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &self,
+        parts: &mut Parts,
+        key: Key,
+        cost: u64,
+        decision: Decision,
+        decider: Decider,
+        degraded: Option<StoreErrorKind>,
+        span: &tracing::Span,
+    ) -> Decided {
         if decider == Decider::Main && !self.shadow {
             self.local.after_store(&self.policy, &key, cost, &decision);
         }
@@ -242,55 +398,112 @@ impl Limiter {
         (Verdict::Pass(pass), outcome)
     }
 
-    /// After the inner service answered: refund if its status says so, then
-    /// write the headers.
-    pub(crate) async fn settle(&self, pass: Pass, status: StatusCode, headers: &mut HeaderMap) {
-        let Pass {
-            key,
-            decision,
-            decider,
-            degraded,
-        } = pass;
-        if let Some(kind) = degraded {
-            mark_degraded(headers, kind, decider);
+    /// After the inner service answered: refunds if its status says so and
+    /// the store can at once, then writes the headers. Hands `pass` back
+    /// when the refund must be awaited ([`settle`](Self::settle)).
+    // Not boxed: a verdict is every request's result, and boxing it would
+    // allocate on the path this split exists to keep allocation-free.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn settle_now(
+        &self,
+        pass: Pass,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+    ) -> Result<(), Pass> {
+        if self.refund_due(&pass, status) {
+            let refunded = match (&pass.key, &pass.decision) {
+                (Some(key), Some(decision)) => {
+                    self.store_of(pass.decider)
+                        .refund_now(&self.policy, key, &decision.receipt)
+                }
+                _ => None,
+            };
+            let Some(result) = refunded else {
+                return Err(pass);
+            };
+            let pass = self.refunded(pass, result);
+            self.write_headers(pass, headers);
+        } else {
+            self.write_headers(pass, headers);
         }
-        let (Some(key), Some(mut decision)) = (key, decision) else {
-            return;
+        Ok(())
+    }
+
+    /// [`settle_now`](Self::settle_now), awaiting the refund (never past the
+    /// deadline).
+    pub(crate) async fn settle(&self, pass: Pass, status: StatusCode, headers: &mut HeaderMap) {
+        let pass = if self.refund_due(&pass, status) {
+            // Boxed, as the rare path it is: every request's future would
+            // otherwise carry room for it.
+            Box::pin(self.refund(pass)).await
+        } else {
+            pass
         };
+        self.write_headers(pass, headers);
+    }
+
+    /// Whether `pass`'s charge goes back, the response being `status`.
+    fn refund_due(&self, pass: &Pass, status: StatusCode) -> bool {
         // A held slot (concurrency) is given back when the body ends, by its
         // release guard, whatever the status. Releasing here as well would be
         // harmless (releases are by id) but a second round trip, and would
         // free the slot before the response is sent.
-        let held = self.policy.strategy().holds_until_response_ends();
-        if (self.refund_when)(status) && !decision.receipt.is_empty() && !held {
-            // Boxed, as the rare path it is: every request's future would
-            // otherwise carry room for it.
-            decision = Box::pin(self.refund(decider, &key, decision)).await;
-        }
-        self.headers.apply(headers, &self.policy, &decision);
+        pass.key.is_some()
+            && pass
+                .decision
+                .as_ref()
+                .is_some_and(|d| !d.receipt.is_empty())
+            && (self.refund_when)(status)
+            && !self.policy.strategy().holds_until_response_ends()
     }
 
-    /// Gives `decision`'s charge back to the store that decided, and returns
-    /// the decision as it stands after that.
-    async fn refund(&self, decider: Decider, key: &Key, decision: Decision) -> Decision {
-        let store = self.store_for(decider);
-        let refund = store.refund(&self.policy, key, &decision.receipt);
-        match self.within_deadline(refund).await.0 {
+    /// Gives `pass`'s charge back to the store that decided.
+    async fn refund(&self, pass: Pass) -> Pass {
+        let result = match (&pass.key, &pass.decision) {
+            (Some(key), Some(decision)) => {
+                let call = self
+                    .store_of(pass.decider)
+                    .refund(&self.policy, key, &decision.receipt);
+                self.within_deadline(call).await.0
+            }
+            _ => return pass,
+        };
+        self.refunded(pass, result)
+    }
+
+    /// `pass` as it stands after its refund ended with `result`.
+    fn refunded(&self, mut pass: Pass, result: Result<(), StoreError>) -> Pass {
+        let (Some(key), Some(decision)) = (&pass.key, pass.decision.take()) else {
+            return pass;
+        };
+        let decision = match result {
             Ok(()) => {
                 self.local.refunded(key);
                 let cost = decision.receipt.cost();
-                return decision.refunded(cost);
-            }
-            Err(err) if err.kind() == StoreErrorKind::Timeout => {
-                self.metrics.store_error(StoreErrorKind::Timeout);
-                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), "rate limit refund timed out")
+                decision.refunded(cost)
             }
             Err(err) => {
                 self.metrics.store_error(err.kind());
-                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "rate limit refund failed")
+                if err.kind() == StoreErrorKind::Timeout {
+                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), "rate limit refund timed out")
+                } else {
+                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "rate limit refund failed")
+                }
+                decision
             }
+        };
+        pass.decision = Some(decision);
+        pass
+    }
+
+    /// The headers a settled pass shows.
+    fn write_headers(&self, pass: Pass, headers: &mut HeaderMap) {
+        if let Some(kind) = pass.degraded {
+            mark_degraded(headers, kind, pass.decider);
         }
-        decision
+        if let (Some(_), Some(decision)) = (&pass.key, &pass.decision) {
+            self.headers.apply(headers, &self.policy, decision);
+        }
     }
 
     /// A guard that gives `pass`'s charge back, without blocking, if it is
@@ -317,9 +530,13 @@ impl Limiter {
 
     /// The store that decided: refunds and releases go back to it.
     fn store_for(&self, decider: Decider) -> Arc<dyn Store> {
+        self.store_of(decider).clone()
+    }
+
+    fn store_of(&self, decider: Decider) -> &Arc<dyn Store> {
         match (decider, &self.failure) {
-            (Decider::Fallback, FailurePolicy::Local(local)) => local.clone(),
-            _ => self.store.clone(),
+            (Decider::Fallback, FailurePolicy::Local(local)) => local,
+            _ => &self.store,
         }
     }
 
@@ -337,23 +554,44 @@ impl Limiter {
     /// failure policy applies at once instead of every request waiting out
     /// the deadline against a store that is down or drowning.
     async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        // Zero until the store first fails: no clock read on the hot path.
-        let skip_until = self.skip_store_until.load(Ordering::Relaxed);
-        if skip_until != 0 && monotonic_nanos() < skip_until {
+        if self.cooling_down() {
             return Err(StoreError::cooling_down());
         }
         let (result, waited) = self
             .within_deadline(self.store.check(&self.policy, key, cost))
             .await;
         self.metrics.store_latency(waited);
-        if let Err(err) = &result {
-            self.metrics.store_error(err.kind());
+        self.note_failure(&result);
+        result
+    }
+
+    /// [`ask_main`](Self::ask_main) for a store that answers at once; `None`
+    /// if it cannot.
+    fn ask_main_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, StoreError>> {
+        if self.cooling_down() {
+            return Some(Err(StoreError::cooling_down()));
         }
-        if result.is_err() && !self.cooldown.is_zero() {
+        let result = self.store.check_now(&self.policy, key, cost)?;
+        self.metrics.store_latency(Stopwatch::idle());
+        self.note_failure(&result);
+        Some(result)
+    }
+
+    /// Whether the main store failed within the cooldown.
+    fn cooling_down(&self) -> bool {
+        // Zero until the store first fails: no clock read on the hot path.
+        let skip_until = self.skip_store_until.load(Ordering::Relaxed);
+        skip_until != 0 && monotonic_nanos() < skip_until
+    }
+
+    /// Counts a failed main-store call and starts the cooldown.
+    fn note_failure<T>(&self, result: &Result<T, StoreError>) {
+        let Err(err) = result else { return };
+        self.metrics.store_error(err.kind());
+        if !self.cooldown.is_zero() {
             let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;
             self.skip_store_until.fetch_max(until, Ordering::Relaxed);
         }
-        result
     }
 
     async fn ask(&self, store: &dyn Store, key: &Key, cost: u64) -> Result<Decision, StoreError> {

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::future::ResponseFuture;
-use crate::limiter::{Limiter, Verdict};
-use crate::release::{ReleaseBody, ReleaseGuard};
+use crate::future::{body_of, ResponseFuture, Settle};
+use crate::limiter::{Limiter, Pass, Pending, Verdict};
+use crate::release::ReleaseGuard;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -66,26 +66,49 @@ where
 {
     type Response = Response<Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Error>;
+    type Future = ResponseFuture<S::Future, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service in `self` was driven to readiness; take it and leave a
-        // fresh clone behind (tower's "be careful when cloning inner services").
+        let (mut parts, body) = request.into_parts();
+        let admitted = match self.limiter.admit_now(&mut parts) {
+            Ok(Verdict::Respond(response)) => return ResponseFuture::answered(response),
+            // Decided without waiting (an in-process store): the inner
+            // service, made ready in `poll_ready`, runs in place.
+            Ok(Verdict::Pass(pass)) if pass.delay().is_none() => {
+                let guard = self
+                    .limiter
+                    .release_guard(&pass)
+                    .and_then(ReleaseGuard::keep_if_held);
+                let future = self.inner.call(Request::from_parts(parts, body));
+                let settle = Settle {
+                    limiter: self.limiter.clone(),
+                    pass,
+                    guard,
+                };
+                return ResponseFuture::inner(future, settle);
+            }
+            Ok(Verdict::Pass(pass)) => Admitted::Queued(pass),
+            Err(pending) => Admitted::Pending(pending),
+        };
+        // The inner service is called later: take the one driven to
+        // readiness and leave a fresh clone behind (tower's "be careful when
+        // cloning inner services").
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
-        // Split here, not in the future: a request captured whole would sit
-        // in the future beside its own parts, making it too large for the
-        // allocator's fast path.
-        let (mut parts, body) = request.into_parts();
-        ResponseFuture::new(async move {
-            let pass = match limiter.admit(&mut parts).await {
-                Verdict::Pass(pass) => pass,
-                Verdict::Respond(response) => return Ok(response),
+        ResponseFuture::boxed(async move {
+            let pass = match admitted {
+                Admitted::Queued(pass) => pass,
+                Admitted::Pending(pending) => {
+                    match limiter.admit_later(&mut parts, pending).await {
+                        Verdict::Pass(pass) => pass,
+                        Verdict::Respond(response) => return Ok(response),
+                    }
+                }
             };
             // Dropping this future from here on (the client left) drops the
             // guard, which gives the charge back without blocking.
@@ -98,11 +121,14 @@ where
             let response = inner.call(Request::from_parts(parts, body)).await?;
             let (mut head, body) = response.into_parts();
             limiter.settle(pass, head.status, &mut head.headers).await;
-            let body = match guard {
-                Some(guard) => Body::new(ReleaseBody::new(body, guard)),
-                None => Body::new(body),
-            };
-            Ok(Response::from_parts(head, body))
+            Ok(Response::from_parts(head, body_of(body, guard)))
         })
     }
+}
+
+/// A request admitted by [`Limiter::admit_now`] that still has to wait: for
+/// the store's answer, or for its turn in a leaky bucket's queue.
+enum Admitted {
+    Queued(Pass),
+    Pending(Pending),
 }

@@ -275,7 +275,7 @@ where
 {
     type Response = Response<Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Error>;
+    type Future = ResponseFuture<S::Future, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -287,7 +287,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
-        ResponseFuture::new(async move {
+        ResponseFuture::boxed(async move {
             let (mut parts, body) = request.into_parts();
             let key = match config.key.extract(&parts) {
                 Ok(key) => key,

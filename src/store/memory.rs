@@ -463,6 +463,25 @@ impl Store for MemoryStore {
         self.give_back(policy, key, receipt);
         Box::pin(std::future::ready(Ok(())))
     }
+
+    fn check_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(Ok(self.decide(policy, key, cost)))
+    }
+
+    fn refund_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+    ) -> Option<Result<(), StoreError>> {
+        self.give_back(policy, key, receipt);
+        Some(Ok(()))
+    }
 }
 
 #[cfg(test)]

@@ -70,6 +70,55 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         key: &'a Key,
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Decides at once, without awaiting, if this store can: an in-process
+    /// store's fast path. `None` (the default) means "await [`check`](Store::check)".
+    ///
+    /// The layer asks this first, so a store that answers here spares every
+    /// request a boxed future, a task wake-up and a deadline timer. Answering
+    /// must charge exactly as `check` would.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    ///
+    /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap()));
+    /// let decision = MemoryStore::new().check_now(&policy, &Key::new("bob"), 1);
+    /// assert!(decision.unwrap().unwrap().allowed);
+    /// ```
+    fn check_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (policy, key, cost);
+        None
+    }
+
+    /// Gives `receipt` back at once, if this store can; `None` (the default)
+    /// means "await [`refund`](Store::refund)". See [`check_now`](Store::check_now).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap()));
+    /// let bob = Key::new("bob");
+    /// let pass = store.check_now(&policy, &bob, 1).unwrap().unwrap();
+    /// assert!(store.refund_now(&policy, &bob, &pass.receipt).unwrap().is_ok());
+    /// assert!(store.check_now(&policy, &bob, 1).unwrap().unwrap().allowed);
+    /// ```
+    fn refund_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (policy, key, receipt);
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -97,5 +146,23 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         (**self).refund(policy, key, receipt)
+    }
+
+    fn check_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        (**self).check_now(policy, key, cost)
+    }
+
+    fn refund_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+    ) -> Option<Result<(), StoreError>> {
+        (**self).refund_now(policy, key, receipt)
     }
 }
