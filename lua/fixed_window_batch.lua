@@ -8,8 +8,7 @@
 -- (a flood) cost Redis one HMGET and one HINCRBY per call, not per request.
 -- Nothing else can run in between, so the result is the same.
 --
--- Each decision's keys and arguments are lua/fixed_window.lua's, `now`
--- already read from Redis TIME by lua/batch.lua when the caller sent -1.
+-- Each decision's keys and arguments are lua/fixed_window.lua's.
 
 local function int(x) return string.format('%.0f', x) end
 
@@ -32,14 +31,26 @@ local function window_of(key, now, window)
   return s
 end
 
-local function decide(keys, args)
-  local now = tonumber(args[1])
-  local cost = tonumber(args[2])
-  local n = #keys
+-- One decision: keys KEYS[k + 1 .. k + n], arguments ARGV[a + 1 ..] (see
+-- lua/batch.lua), `now` from Redis TIME or nil.
+local function decide(k, n, a, _, now)
+  now = now or tonumber(ARGV[a + 1])
+  local cost = tonumber(ARGV[a + 2])
+  if n == 1 then
+    -- One quota, the common case: no tables but the window's, and the
+    -- reply already as its line (see lua/batch.lua).
+    local limit = tonumber(ARGV[a + 3])
+    local s = window_of(KEYS[k + 1], now, tonumber(ARGV[a + 4]))
+    if s.c + cost > limit then
+      return string.format('0 %d %d %d %d %d 0', limit, math.min(s.c, limit), s.r, s.r - now, now)
+    end
+    s.c, s.added = s.c + cost, s.added + cost
+    return string.format('1 %d %d %d -1 %d 0 %d', limit, s.c, s.r, now, s.r)
+  end
   local s, limit = {}, {}
   for i = 1, n do
-    limit[i] = tonumber(args[1 + 2 * i])
-    s[i] = window_of(keys[i], now, tonumber(args[2 + 2 * i]))
+    limit[i] = tonumber(ARGV[a + 1 + 2 * i])
+    s[i] = window_of(KEYS[k + i], now, tonumber(ARGV[a + 2 + 2 * i]))
   end
   local rejected = nil
   for i = 1, n do

@@ -365,12 +365,12 @@ impl RedisStore {
         };
         let reply = match batcher {
             Some(batcher) => batcher.eval(script, keys, args).await?,
-            _ => {
+            _ => reply::integers(
                 self.inner
                     .conn
                     .eval(script, &keys, &args, read_only)
-                    .await?
-            }
+                    .await?,
+            )?,
         };
         let decision = match policy.strategy() {
             Strategy::LeakyBucket { .. } => reply::shaped(reply, cost),
