@@ -50,7 +50,7 @@ struct State {
 struct Job {
     script: &'static LuaScript,
     keys: Vec<String>,
-    args: Vec<String>,
+    args: Vec<i64>,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -81,7 +81,7 @@ impl Batcher {
         &self,
         script: &'static LuaScript,
         keys: Vec<String>,
-        args: Vec<String>,
+        args: Vec<i64>,
     ) -> Answer {
         let route = {
             let mut state = self.shared.lock();
@@ -117,7 +117,7 @@ impl Batcher {
 
 /// Where one decision goes: out at once, or into the queue.
 enum Route {
-    Alone(Vec<String>, Vec<String>),
+    Alone(Vec<String>, Vec<i64>),
     Queued(oneshot::Receiver<Answer>),
 }
 
@@ -222,12 +222,11 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
             Repeat::Args => args.extend([Part::Count(nk), Part::Text("-1")]),
             Repeat::Nothing => {
                 args.extend([Part::Count(nk), Part::Count(job.args.len())]);
-                args.extend(job.args.iter().map(|a| Part::Text(a)));
+                args.extend(job.args.iter().map(|&a| Part::Int(a)));
             }
         }
     }
     let reply = conn.eval(batch, &keys, &args, false).await;
-    drop(args);
     let answers = match reply {
         Ok(reply) => lines(reply, jobs.len()),
         Err(err) => Err(Failure::Redis(err)),
@@ -269,17 +268,19 @@ enum Repeat {
     All,
 }
 
-/// One argument of a batch call: borrowed from its decision, or a count.
-enum Part<'a> {
-    Text(&'a str),
+/// One argument of a batch call.
+enum Part {
+    Text(&'static str),
     Count(usize),
+    Int(i64),
 }
 
-impl ToRedisArgs for Part<'_> {
+impl ToRedisArgs for Part {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         match self {
             Part::Text(text) => out.write_arg(text.as_bytes()),
             Part::Count(n) => out.write_arg(itoa::Buffer::new().format(*n).as_bytes()),
+            Part::Int(n) => out.write_arg(itoa::Buffer::new().format(*n).as_bytes()),
         }
     }
 }

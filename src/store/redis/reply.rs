@@ -31,21 +31,29 @@ pub(crate) fn integers(value: Value) -> Result<Vec<i64>, StoreError> {
 /// A line of a batch reply (see `lua/batch.lua`): integers separated by
 /// single spaces.
 pub(crate) fn parse_integers(line: &[u8]) -> Result<Vec<i64>, StoreError> {
+    let malformed = || {
+        StoreError::protocol(format!(
+            "expected integers, got {:?}",
+            String::from_utf8_lossy(line)
+        ))
+    };
     let mut ints = Vec::with_capacity(8);
     for word in line.split(|&b| b == b' ') {
-        let (negative, digits) = match word.strip_prefix(b"-") {
-            Some(digits) => (true, digits),
-            None => (false, word),
+        let (negative, digits) = match word {
+            [b'-', digits @ ..] => (true, digits),
+            digits => (false, digits),
         };
-        if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
-            return Err(StoreError::protocol(format!(
-                "expected integers, got {:?}",
-                String::from_utf8_lossy(line)
-            )));
+        if digits.is_empty() || digits.len() > 18 {
+            return Err(malformed());
         }
-        let n = digits
-            .iter()
-            .fold(0i64, |n, &d| n * 10 + i64::from(d - b'0'));
+        let mut n = 0i64;
+        for &d in digits {
+            let d = d.wrapping_sub(b'0');
+            if d > 9 {
+                return Err(malformed());
+            }
+            n = n * 10 + i64::from(d);
+        }
         ints.push(if negative { -n } else { n });
     }
     Ok(ints)
