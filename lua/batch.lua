@@ -1,45 +1,77 @@
 -- tollgate: several decisions of one strategy in one script call.
 --
--- The store puts a decision script before this file, wrapped as
--- `decide(KEYS, ARGV)` with an empty `flush()`, so each decision runs exactly
--- the code it would run alone, one after the other, atomically. A strategy
--- may instead bring its own `decide(keys, args)` and `flush()` (called once,
--- after every decision), as lua/fixed_window_batch.lua does.
--- Redis TIME is read once for the whole call and given to every decision
--- that asked for it (its ARGV[1] is -1): one clock for all of them.
+-- The store puts a strategy's `decide(k, nk, a, na, now)` and `flush()`
+-- before this file. A decision's keys are KEYS[k + 1 .. k + nk], its
+-- arguments ARGV[a + 1 .. a + na]; `now` is Redis TIME (µs) when the decision
+-- asked for it (its first argument is -1), else nil. For most strategies
+-- `decide` wraps the decision script and `flush` is empty, so each decision
+-- runs exactly the code it would run alone, one after the other, atomically;
+-- lua/fixed_window_batch.lua brings its own, which reads and writes each key
+-- once per call (`flush` runs once, after every decision). Redis TIME is read
+-- once for the whole call: one clock for every decision.
 --
--- KEYS         every decision's keys, one decision after the other
+-- KEYS         every decision's keys, one decision after the other; a
+--              decision that repeats the keys before it sends none
 -- ARGV[1]      n, the number of decisions
--- then for each decision: its key count, its argument count, its arguments
+-- then for each decision: '=' when it has the keys and arguments of the
+-- decision before (a flood of one caller), else its key count, its argument
+-- count (-1: the arguments of the decision before, sent once) and arguments.
 --
--- Reply: n replies, each what the decision script returns alone (integers
--- only), or {'err', message} if it failed; the others still count. (Not an
--- error reply: clients fail a whole reply that holds one.)
+-- Reply: one string, a line per decision: the integers its script returns
+-- alone, separated by spaces, or '!' and the message if it failed (its
+-- code first, e.g. `!WRONGTYPE ...`); the others still count. One string,
+-- not an array of arrays, because Redis and the client then convert and
+-- parse one value per call instead of some eight per decision, and an error
+-- reply would fail the whole call in the client.
 
 local now = nil
-local out, k, a = {}, 0, 2
-for c = 1, tonumber(ARGV[1]) do
-  local nk, na = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  a = a + 2
-  local keys, args = {}, {}
-  for i = 1, nk do keys[i] = KEYS[k + i] end
-  for i = 1, na do args[i] = ARGV[a + i - 1] end
-  k, a = k + nk, a + na
-  if args[1] == '-1' then
-    if now == nil then
-      local t = redis.call('TIME')
-      now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
-    end
-    args[1] = now
+local formats = {}
+
+-- A reply table as its line: the integers, formatted by one C call.
+local function line(reply)
+  if type(reply) ~= 'table' then return reply end
+  local n = #reply
+  local f = formats[n]
+  if f == nil then
+    f = string.rep('%d ', n - 1) .. '%d'
+    formats[n] = f
   end
-  local ok, reply = pcall(decide, keys, args)
-  if ok then
-    out[c] = reply
-  elseif type(reply) == 'table' and reply.err then
-    out[c] = {'err', reply.err}
+  return string.format(f, unpack(reply))
+end
+
+-- k: the keys used so far; a: the next decision's first argument. A
+-- decision's keys are KEYS[kn + 1 .. kn + nk], its arguments ARGV[an + 1 ..
+-- an + na].
+local out, k, a = {}, 0, 2
+local kn, nk, an, na = 0, 0, 0, 0
+for c = 1, tonumber(ARGV[1]) do
+  if ARGV[a] == '=' then
+    a = a + 1
   else
-    out[c] = {'err', tostring(reply)}
+    kn, nk = k, tonumber(ARGV[a])
+    k = k + nk
+    local count = tonumber(ARGV[a + 1])
+    a = a + 2
+    if count >= 0 then
+      an, na = a - 1, count
+      a = a + count
+    end
+  end
+  local t = nil
+  if ARGV[an + 1] == '-1' then
+    if now == nil then
+      local time = redis.call('TIME')
+      now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    end
+    t = now
+  end
+  local ok, reply = pcall(decide, kn, nk, an, na, t)
+  if ok then
+    out[c] = line(reply)
+  else
+    local message = type(reply) == 'table' and reply.err or tostring(reply)
+    out[c] = '!' .. (string.gsub(message, '\n', ' '))
   end
 end
 flush()
-return out
+return table.concat(out, '\n')

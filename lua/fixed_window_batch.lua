@@ -8,10 +8,32 @@
 -- (a flood) cost Redis one HMGET and one HINCRBY per call, not per request.
 -- Nothing else can run in between, so the result is the same.
 --
--- Each decision's keys and arguments are lua/fixed_window.lua's, `now`
--- already read from Redis TIME by lua/batch.lua when the caller sent -1.
+-- Each decision's keys and arguments are lua/fixed_window.lua's.
 
 local function int(x) return string.format('%.0f', x) end
+
+-- A flood sends the same few numbers over and over, and Redis's Lua turns
+-- strings into numbers with strtod and numbers into strings with sprintf,
+-- each some 1,500 instructions: a call converts each value once.
+local numbers, strings = {}, {}
+
+local function num(arg)
+  local n = numbers[arg]
+  if n == nil then
+    n = tonumber(arg)
+    numbers[arg] = n
+  end
+  return n
+end
+
+local function str(n)
+  local s = strings[n]
+  if s == nil then
+    s = string.format('%d', n)
+    strings[n] = s
+  end
+  return s
+end
 
 local state, order = {}, {}
 
@@ -32,14 +54,29 @@ local function window_of(key, now, window)
   return s
 end
 
-local function decide(keys, args)
-  local now = tonumber(args[1])
-  local cost = tonumber(args[2])
-  local n = #keys
+-- One decision: keys KEYS[k + 1 .. k + n], arguments ARGV[a + 1 ..] (see
+-- lua/batch.lua), `now` from Redis TIME or nil.
+local function decide(k, n, a, _, now)
+  now = now or num(ARGV[a + 1])
+  local cost = num(ARGV[a + 2])
+  if n == 1 then
+    -- One quota, the common case: no tables but the window's, and the
+    -- reply already as its line (see lua/batch.lua), built from strings
+    -- this call has made before but for the count a pass changes.
+    local limit = num(ARGV[a + 3])
+    local s = window_of(KEYS[k + 1], now, num(ARGV[a + 4]))
+    if s.c + cost > limit then
+      return '0 ' .. str(limit) .. ' ' .. str(math.min(s.c, limit)) .. ' ' .. str(s.r)
+        .. ' ' .. str(s.r - now) .. ' ' .. str(now) .. ' 0'
+    end
+    s.c, s.added = s.c + cost, s.added + cost
+    return '1 ' .. str(limit) .. ' ' .. string.format('%d', s.c) .. ' ' .. str(s.r)
+      .. ' -1 ' .. str(now) .. ' 0 ' .. str(s.r)
+  end
   local s, limit = {}, {}
   for i = 1, n do
-    limit[i] = tonumber(args[1 + 2 * i])
-    s[i] = window_of(keys[i], now, tonumber(args[2 + 2 * i]))
+    limit[i] = num(ARGV[a + 1 + 2 * i])
+    s[i] = window_of(KEYS[k + i], now, num(ARGV[a + 2 + 2 * i]))
   end
   local rejected = nil
   for i = 1, n do

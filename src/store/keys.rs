@@ -60,10 +60,36 @@ impl KeySpace {
 
     /// One key per quota, named by strategy so that changing a policy's
     /// strategy never reads another algorithm's state.
+    ///
+    /// Each name is built in a string of its own, sized once: the Redis
+    /// store sends them as they are, so this allocates a vector and one
+    /// string per key, nothing else.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
-        let mut names = KeyNames::default();
-        self.name_quota_keys(policy, key, &mut names);
-        names.iter().map(str::to_owned).collect()
+        let tagged = Self::tagged(policy, key);
+        let strategy = policy.strategy().as_str();
+        let stem = self.prefix.len() + tagged.0.len() + key.as_str().len() + strategy.len() + 6;
+        let name = |part: &str, index: Option<usize>| {
+            let mut name = String::with_capacity(stem + part.len() + 4);
+            self.push_tag(&mut name, tagged);
+            name.push(':');
+            name.push_str(strategy);
+            name.push(':');
+            name.push_str(part);
+            if let Some(i) = index {
+                push_index(&mut name, i);
+            }
+            name
+        };
+        if policy.strategy().has_resource_quota() {
+            // The resource's log, then this consumer's (quota 0, quota 1).
+            return vec![
+                name("resource", None),
+                name("consumer:", None) + key.as_str(),
+            ];
+        }
+        (0..policy.quotas().len())
+            .map(|i| name("", Some(i)))
+            .collect()
     }
 
     /// [`quota_keys`](Self::quota_keys), written into `names` (cleared

@@ -12,11 +12,13 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redis::{ErrorKind, RedisError, RedisResult, Value};
+use redis::{ToRedisArgs, Value};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
+use super::reply;
 use super::script::{LuaScript, SCRIPTS};
+use crate::error::StoreError;
 
 /// Calls on their way to one server before decisions queue: enough that a
 /// lone decision rarely waits, few enough that a crowd forms batches.
@@ -48,9 +50,12 @@ struct State {
 struct Job {
     script: &'static LuaScript,
     keys: Vec<String>,
-    args: Vec<String>,
-    reply: oneshot::Sender<RedisResult<Value>>,
+    args: Vec<i64>,
+    reply: oneshot::Sender<Answer>,
 }
+
+/// A decision script's integers, or why there are none.
+type Answer = Result<Vec<i64>, StoreError>;
 
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -70,13 +75,14 @@ impl Batcher {
         }
     }
 
-    /// Runs the charging `script` with `keys` and `args`, alone or in a batch.
+    /// Runs the charging `script` with `keys` and `args`, alone or in a
+    /// batch: the integers it returns.
     pub(crate) async fn eval(
         &self,
         script: &'static LuaScript,
         keys: Vec<String>,
-        args: Vec<String>,
-    ) -> RedisResult<Value> {
+        args: Vec<i64>,
+    ) -> Answer {
         let route = {
             let mut state = self.shared.lock();
             if state.in_flight < MAX_IN_FLIGHT {
@@ -97,13 +103,13 @@ impl Batcher {
             Route::Alone(keys, args) => {
                 // Hands the slot on when this call ends, or is cancelled.
                 let _slot = Slot(self.shared.clone());
-                self.shared.conn.eval(script, &keys, &args, false).await
+                reply::integers(self.shared.conn.eval(script, &keys, &args, false).await?)
             }
             Route::Queued(answer) => answer.await.unwrap_or_else(|_| {
-                Err(RedisError::from((
-                    ErrorKind::Io,
+                Err(StoreError::from(redis::RedisError::from((
+                    redis::ErrorKind::Io,
                     "the batch was dropped before Redis answered",
-                )))
+                ))))
             }),
         }
     }
@@ -111,8 +117,8 @@ impl Batcher {
 
 /// Where one decision goes: out at once, or into the queue.
 enum Route {
-    Alone(Vec<String>, Vec<String>),
-    Queued(oneshot::Receiver<RedisResult<Value>>),
+    Alone(Vec<String>, Vec<i64>),
+    Queued(oneshot::Receiver<Answer>),
 }
 
 impl Shared {
@@ -186,57 +192,124 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
         for job in jobs {
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
-            let _ = job.reply.send(reply);
+            let _ = job
+                .reply
+                .send(reply.map_err(StoreError::from).and_then(reply::integers));
         }
         return;
     };
-    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
-    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| 2 + j.args.len()).sum::<usize>());
-    args.push(jobs.len().to_string());
-    for job in &mut jobs {
-        args.push(job.keys.len().to_string());
-        args.push(job.args.len().to_string());
-        keys.append(&mut job.keys);
-        args.append(&mut job.args);
+    // What each decision repeats of the one before (see lua/batch.lua).
+    let repeats: Vec<Repeat> = (0..jobs.len())
+        .map(|i| match i.checked_sub(1).map(|p| &jobs[p]) {
+            Some(p) if p.args == jobs[i].args && p.keys == jobs[i].keys => Repeat::All,
+            Some(p) if p.args == jobs[i].args => Repeat::Args,
+            _ => Repeat::Nothing,
+        })
+        .collect();
+    let mut keys = Vec::with_capacity(jobs.len());
+    let mut key_counts = Vec::with_capacity(jobs.len());
+    for (job, repeat) in jobs.iter_mut().zip(&repeats) {
+        key_counts.push(job.keys.len());
+        if *repeat != Repeat::All {
+            keys.append(&mut job.keys);
+        }
     }
-    match conn.eval(batch, &keys, &args, false).await {
-        Ok(Value::Array(replies)) if replies.len() == jobs.len() => {
-            for (job, reply) in jobs.into_iter().zip(replies) {
-                let _ = job.reply.send(failed(reply));
+    let mut args = Vec::with_capacity(1 + jobs.len() * 6);
+    args.push(Part::Count(jobs.len()));
+    for ((job, repeat), &nk) in jobs.iter().zip(&repeats).zip(&key_counts) {
+        match repeat {
+            Repeat::All => args.push(Part::Text("=")),
+            Repeat::Args => args.extend([Part::Count(nk), Part::Text("-1")]),
+            Repeat::Nothing => {
+                args.extend([Part::Count(nk), Part::Count(job.args.len())]);
+                args.extend(job.args.iter().map(|&a| Part::Int(a)));
             }
         }
-        Ok(other) => {
-            let err = RedisError::from((
-                ErrorKind::Parse,
-                "malformed batch reply",
-                format!("{other:?}"),
-            ));
-            for job in jobs {
-                let _ = job.reply.send(Err(err.clone()));
+    }
+    let reply = conn.eval(batch, &keys, &args, false).await;
+    let answers = match reply {
+        Ok(reply) => lines(reply, jobs.len()),
+        Err(err) => Err(Failure::Redis(err)),
+    };
+    match answers {
+        Ok(answers) => {
+            for (job, answer) in jobs.into_iter().zip(answers) {
+                let _ = job.reply.send(answer);
             }
         }
-        Err(err) => {
+        Err(failure) => {
             for job in jobs {
-                let _ = job.reply.send(Err(err.clone()));
+                let _ = job.reply.send(Err(failure.to_store_error()));
             }
         }
     }
 }
 
-/// A decision's reply, or the error `lua/batch.lua` caught for it
-/// (`{'err', message}`; a message starts with its code, e.g. `WRONGTYPE`).
-fn failed(reply: Value) -> RedisResult<Value> {
-    if let Value::Array(items) = &reply {
-        if let [Value::BulkString(tag), Value::BulkString(message)] = items.as_slice() {
-            if tag.as_slice() == b"err" {
-                let message = String::from_utf8_lossy(message);
-                let (code, detail) = message.split_once(' ').unwrap_or((&message, ""));
-                return Err(redis::make_extension_error(
-                    code.to_owned(),
-                    Some(detail.to_owned()),
-                ));
-            }
+/// Why a whole batch failed, told to each of its decisions.
+enum Failure {
+    Redis(redis::RedisError),
+    Protocol(String),
+}
+
+impl Failure {
+    fn to_store_error(&self) -> StoreError {
+        match self {
+            Failure::Redis(err) => err.clone().into(),
+            Failure::Protocol(why) => StoreError::protocol(why.clone()),
         }
     }
-    Ok(reply)
+}
+
+/// What a decision in a batch shares with the one before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repeat {
+    Nothing,
+    Args,
+    All,
+}
+
+/// One argument of a batch call.
+enum Part {
+    Text(&'static str),
+    Count(usize),
+    Int(i64),
+}
+
+impl ToRedisArgs for Part {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Part::Text(text) => out.write_arg(text.as_bytes()),
+            Part::Count(n) => out.write_arg(itoa::Buffer::new().format(*n).as_bytes()),
+            Part::Int(n) => out.write_arg(itoa::Buffer::new().format(*n).as_bytes()),
+        }
+    }
+}
+
+/// Splits `lua/batch.lua`'s reply, one line per decision, into each
+/// decision's integers or the error it met (`!` and the message, which
+/// starts with its code, e.g. `WRONGTYPE`).
+fn lines(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
+    let Value::BulkString(text) = reply else {
+        return Err(Failure::Protocol(format!(
+            "malformed batch reply {reply:?}"
+        )));
+    };
+    let answers: Vec<Answer> = text.split(|&b| b == b'\n').map(line).collect();
+    if answers.len() != n {
+        return Err(Failure::Protocol(format!(
+            "{} replies in a batch of {n}",
+            answers.len()
+        )));
+    }
+    Ok(answers)
+}
+
+/// One decision's line.
+fn line(line: &[u8]) -> Answer {
+    if let Some(message) = line.strip_prefix(b"!") {
+        let message = String::from_utf8_lossy(message);
+        let (code, detail) = message.split_once(' ').unwrap_or((&message, ""));
+        return Err(redis::make_extension_error(code.to_owned(), Some(detail.to_owned())).into());
+    }
+    reply::parse_integers(line)
 }

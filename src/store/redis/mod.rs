@@ -344,9 +344,15 @@ impl RedisStore {
 
     /// `now` for the scripts: the store's clock, or -1 for Redis `TIME`.
     fn now_arg(&self) -> String {
+        self.now_int().to_string()
+    }
+
+    /// [`now_arg`](Self::now_arg) as an integer: decision arguments are all
+    /// integers, sent without a string of their own each.
+    fn now_int(&self) -> i64 {
         match &self.inner.clock {
-            Some(clock) => clock.now_micros().to_string(),
-            None => "-1".to_owned(),
+            Some(clock) => int(clock.now_micros()),
+            None => -1,
         }
     }
 
@@ -365,12 +371,12 @@ impl RedisStore {
         };
         let reply = match batcher {
             Some(batcher) => batcher.eval(script, keys, args).await?,
-            _ => {
+            _ => reply::integers(
                 self.inner
                     .conn
                     .eval(script, &keys, &args, read_only)
-                    .await?
-            }
+                    .await?,
+            )?,
         };
         let decision = match policy.strategy() {
             Strategy::LeakyBucket { .. } => reply::shaped(reply, cost),
@@ -387,7 +393,7 @@ impl RedisStore {
         key: &Key,
         cost: u64,
         read_only: bool,
-    ) -> (&'static LuaScript, Vec<String>, Vec<String>) {
+    ) -> (&'static LuaScript, Vec<String>, Vec<i64>) {
         let scripts = &*SCRIPTS;
         match policy.strategy() {
             Strategy::FixedWindow => {
@@ -397,47 +403,35 @@ impl RedisStore {
                     &scripts.fixed_window
                 };
                 let mut args = Vec::with_capacity(2 + 2 * policy.quotas().len());
-                args.push(self.now_arg());
-                args.push(cost.to_string());
-                for q in policy.quotas() {
-                    args.push(q.limit().to_string());
-                    args.push(q.window_micros().to_string());
-                }
+                args.push(self.now_int());
+                args.push(int(cost));
+                args.extend(quota_ints(policy));
                 (script, self.inner.keys.quota_keys(policy, key), args)
             }
             Strategy::UniformGate => {
                 let span = policy.quotas()[0].window_micros();
-                let args = vec![
-                    self.now_arg(),
-                    cost.to_string(),
-                    span.to_string(),
-                    MAX_SPAN_MICROS.to_string(),
-                ];
+                let args = vec![self.now_int(), int(cost), int(span), int(MAX_SPAN_MICROS)];
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.uniform_gate.decide(read_only), keys, args)
             }
             Strategy::SlidingLog => {
-                let mut args = vec![
-                    self.now_arg(),
-                    cost.to_string(),
-                    sliding_log::request_id().to_string(),
-                ];
-                args.extend(quota_args(policy));
+                let mut args = vec![self.now_int(), int(cost), int(sliding_log::request_id())];
+                args.extend(quota_ints(policy));
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.sliding_log.decide(read_only), keys, args)
             }
             Strategy::SlidingWindow => {
-                let mut args = vec![self.now_arg(), cost.to_string()];
-                args.extend(quota_args(policy));
+                let mut args = vec![self.now_int(), int(cost)];
+                args.extend(quota_ints(policy));
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.sliding_window.decide(read_only), keys, args)
             }
             Strategy::Gcra { burst } => {
                 let args = vec![
-                    self.now_arg(),
-                    cost.to_string(),
-                    gcra::interval(&policy.quotas()[0]).to_string(),
-                    burst.to_string(),
+                    self.now_int(),
+                    int(cost),
+                    int(gcra::interval(&policy.quotas()[0])),
+                    int(burst.get()),
                 ];
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.gcra.decide(read_only), keys, args)
@@ -449,10 +443,10 @@ impl RedisStore {
                     &scripts.leaky_bucket
                 };
                 let args = vec![
-                    self.now_arg(),
-                    cost.to_string(),
-                    capacity.to_string(),
-                    leaky_bucket::interval_micros(&policy.quotas()[0]).to_string(),
+                    self.now_int(),
+                    int(cost),
+                    int(capacity.get()),
+                    int(leaky_bucket::interval_micros(&policy.quotas()[0])),
                 ];
                 (script, self.inner.keys.quota_keys(policy, key), args)
             }
@@ -464,11 +458,11 @@ impl RedisStore {
                 };
                 let quota = policy.quotas()[0];
                 let args = vec![
-                    self.now_arg(),
-                    cost.to_string(),
-                    quota.limit().to_string(),
-                    quota.window_micros().to_string(),
-                    concurrency::new_id().to_string(),
+                    self.now_int(),
+                    int(cost),
+                    int(quota.limit()),
+                    int(quota.window_micros()),
+                    int(concurrency::new_id()),
                 ];
                 (script, self.inner.keys.quota_keys(policy, key), args)
             }
@@ -549,12 +543,18 @@ impl RedisStore {
     }
 }
 
-/// Each quota's limit and window (µs), as script arguments.
-fn quota_args(policy: &Policy) -> impl Iterator<Item = String> + '_ {
+/// Each quota's limit and window (µs), as integer script arguments.
+fn quota_ints(policy: &Policy) -> impl Iterator<Item = i64> + '_ {
     policy
         .quotas()
         .iter()
-        .flat_map(|q| [q.limit().to_string(), q.window_micros().to_string()])
+        .flat_map(|q| [int(q.limit()), int(q.window_micros())])
+}
+
+/// `x` as a script argument: Lua numbers are doubles, so anything near
+/// `i64::MAX` is already far past what a script can tell apart.
+fn int(x: impl TryInto<i64>) -> i64 {
+    x.try_into().unwrap_or(i64::MAX)
 }
 
 /// A receipt's stamps, as script arguments.

@@ -1,4 +1,5 @@
-//! Turning script replies (integer arrays) into decisions.
+//! Turning script replies (integer arrays, or a batch's lines of integers)
+//! into decisions.
 
 use redis::Value;
 
@@ -27,9 +28,39 @@ pub(crate) fn integers(value: Value) -> Result<Vec<i64>, StoreError> {
     }
 }
 
+/// A line of a batch reply (see `lua/batch.lua`): integers separated by
+/// single spaces.
+pub(crate) fn parse_integers(line: &[u8]) -> Result<Vec<i64>, StoreError> {
+    let malformed = || {
+        StoreError::protocol(format!(
+            "expected integers, got {:?}",
+            String::from_utf8_lossy(line)
+        ))
+    };
+    let mut ints = Vec::with_capacity(8);
+    for word in line.split(|&b| b == b' ') {
+        let (negative, digits) = match word {
+            [b'-', digits @ ..] => (true, digits),
+            digits => (false, digits),
+        };
+        if digits.is_empty() || digits.len() > 18 {
+            return Err(malformed());
+        }
+        let mut n = 0i64;
+        for &d in digits {
+            let d = d.wrapping_sub(b'0');
+            if d > 9 {
+                return Err(malformed());
+            }
+            n = n * 10 + i64::from(d);
+        }
+        ints.push(if negative { -n } else { n });
+    }
+    Ok(ints)
+}
+
 /// Decodes the shared reply head, with the remaining integers as the receipt.
-pub(crate) fn decision(value: Value, cost: u64) -> Result<Decision, StoreError> {
-    let ints = integers(value)?;
+pub(crate) fn decision(ints: Vec<i64>, cost: u64) -> Result<Decision, StoreError> {
     if ints.len() < HEAD || ints[..HEAD].iter().skip(1).any(|&i| i < -1) {
         return Err(StoreError::protocol(format!(
             "malformed decision reply {ints:?}"
@@ -47,8 +78,8 @@ pub(crate) fn decision(value: Value, cost: u64) -> Result<Decision, StoreError> 
 
 /// Decodes a leaky bucket's reply: the shared head, then on a pass the slot
 /// end (the receipt's stamp) and the wait before leaving, µs.
-pub(crate) fn shaped(value: Value, cost: u64) -> Result<Decision, StoreError> {
-    let mut decision = decision(value, cost)?;
+pub(crate) fn shaped(ints: Vec<i64>, cost: u64) -> Result<Decision, StoreError> {
+    let mut decision = decision(ints, cost)?;
     if decision.allowed {
         let delay = decision
             .receipt
@@ -59,4 +90,37 @@ pub(crate) fn shaped(value: Value, cost: u64) -> Result<Decision, StoreError> {
         decision = decision.delayed(delay);
     }
     Ok(decision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_line_parses_to_its_integers() {
+        let line = b"1 100 3 1800000000000000 -1 1799999999000000 0 1800000000000000";
+        assert_eq!(
+            parse_integers(line).unwrap(),
+            [
+                1,
+                100,
+                3,
+                1_800_000_000_000_000,
+                -1,
+                1_799_999_999_000_000,
+                0,
+                1_800_000_000_000_000
+            ]
+        );
+        for bad in [
+            &b""[..],
+            b"1  2",
+            b"1 x",
+            b"-",
+            b"1 2 ",
+            b"99999999999999999999",
+        ] {
+            assert!(parse_integers(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -47,7 +47,8 @@ impl LuaScript {
         Self::batch_with(
             name,
             &format!(
-                "local function decide(KEYS, ARGV)\n{source}\nend\nlocal function flush() end\n"
+                "local function run(KEYS, ARGV)\n{source}\nend\n{}",
+                include_str!("../../../lua/batch_decide.lua")
             ),
         )
     }
