@@ -37,25 +37,27 @@ pub(crate) fn parse_integers(line: &[u8]) -> Result<Vec<i64>, StoreError> {
             String::from_utf8_lossy(line)
         ))
     };
+    // One pass over the bytes: this runs for every batched decision.
     let mut ints = Vec::with_capacity(8);
-    for word in line.split(|&b| b == b' ') {
-        let (negative, digits) = match word {
-            [b'-', digits @ ..] => (true, digits),
-            digits => (false, digits),
-        };
-        if digits.is_empty() || digits.len() > 18 {
-            return Err(malformed());
-        }
-        let mut n = 0i64;
-        for &d in digits {
-            let d = d.wrapping_sub(b'0');
-            if d > 9 {
-                return Err(malformed());
+    let (mut n, mut digits, mut negative) = (0i64, 0usize, false);
+    for &b in line {
+        match b {
+            b'0'..=b'9' if digits < 18 => {
+                n = n * 10 + i64::from(b - b'0');
+                digits += 1;
             }
-            n = n * 10 + i64::from(d);
+            b'-' if digits == 0 && !negative => negative = true,
+            b' ' if digits > 0 => {
+                ints.push(if negative { -n } else { n });
+                (n, digits, negative) = (0, 0, false);
+            }
+            _ => return Err(malformed()),
         }
-        ints.push(if negative { -n } else { n });
     }
+    if digits == 0 {
+        return Err(malformed());
+    }
+    ints.push(if negative { -n } else { n });
     Ok(ints)
 }
 
