@@ -12,7 +12,9 @@
 //!   plain redis-rs client sending the same `EVALSHA` of
 //!   `lua/fixed_window.lua` with the same arguments through the same kind of
 //!   connection, so the store's own cost shows as a ratio measured in the
-//!   same run.
+//!   same run. Both decide for one caller (one key).
+//! - `redis_c64_crowd`: the same at 64 in flight for 10,000 callers taking
+//!   turns, fixed window only, where batching cannot lean on one key.
 //!
 //! ```text
 //! cargo bench --bench decision              # everything, a few minutes
@@ -53,6 +55,8 @@ const SAMPLES: usize = 60;
 const IN_FLIGHT: usize = 64;
 /// Distinct keys for the many-keys benchmark.
 const MANY_KEYS: usize = 100_000;
+/// Distinct callers taking turns in the Redis crowd benchmark.
+const CROWD: usize = 10_000;
 
 /// A budget no benchmark run spends: every check passes, except where a
 /// strategy cannot pass that fast on one key (the uniform gate passes one
@@ -310,12 +314,12 @@ fn redis(c: &mut Criterion) {
     let bare_key = "tollgate-bench:{bare|127.0.0.1}:fixed_window:0".to_owned();
     let quota = roomy();
     let window_micros = quota.window().as_micros().to_string();
-    let bare = |conn: &redis::aio::MultiplexedConnection| {
+    let bare_for = |conn: &redis::aio::MultiplexedConnection, key: &str| {
         let mut conn = conn.clone();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&sha)
             .arg(1)
-            .arg(&bare_key)
+            .arg(key)
             .arg(-1)
             .arg(1)
             .arg(quota.limit())
@@ -325,6 +329,7 @@ fn redis(c: &mut Criterion) {
             black_box(reply);
         }
     };
+    let bare = |conn: &redis::aio::MultiplexedConnection| bare_for(conn, &bare_key);
 
     let store = RedisStore::from_connection(conn.clone())
         .prefix("tollgate-bench")
@@ -350,6 +355,52 @@ fn redis(c: &mut Criterion) {
         }
         group.finish();
     }
+
+    // A crowd: 64 in flight again, the callers taking turns, so no two
+    // decisions in a row share a key and the batch's shortcuts for one
+    // caller's flood (a repeated decision sent as `=`, one read and write of
+    // the key per batch) never fire. Fixed window only: the bare client runs
+    // its script.
+    let callers: Vec<Key> = (0..CROWD)
+        .map(|i| Key::new(format!("10.0.{}.{}", i / 256, i % 256)))
+        .collect();
+    let bare_keys: Vec<String> = (0..CROWD)
+        .map(|i| {
+            format!(
+                "tollgate-bench:{{bare|10.0.{}.{}}}:fixed_window:0",
+                i / 256,
+                i % 256
+            )
+        })
+        .collect();
+    let turn = std::cell::Cell::new(0usize);
+    let next = || {
+        let i = turn.get();
+        turn.set((i + 1) % CROWD);
+        i
+    };
+    let mut group = c.benchmark_group("redis_c64_crowd");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("bare_evalsha", |b| {
+        sampled(b, "redis_c64_crowd/bare_evalsha".to_owned(), |iters| {
+            rt.block_on(windowed(iters, IN_FLIGHT, || {
+                bare_for(&conn, &bare_keys[next()])
+            }))
+        })
+    });
+    let fixed_window = &policies[0];
+    group.bench_function(fixed_window.name(), |b| {
+        sampled(
+            b,
+            format!("redis_c64_crowd/{}", fixed_window.name()),
+            |iters| {
+                rt.block_on(windowed(iters, IN_FLIGHT, || {
+                    passes(&store, fixed_window, &callers[next()])
+                }))
+            },
+        )
+    });
+    group.finish();
 }
 
 /// One check, and the release of a concurrency slot: two round trips for
@@ -426,9 +477,14 @@ fn summary() {
                 format!("redis_c64/{name}"),
                 "redis_c64/bare_evalsha".to_owned(),
             ),
+            (
+                "redis c64, 10k callers / bare (>= 0.9)",
+                format!("redis_c64_crowd/{name}"),
+                "redis_c64_crowd/bare_evalsha".to_owned(),
+            ),
         ] {
             if let Some(r) = ratio(&a, &b) {
-                println!("  {name:<16} {what:<36} {r:.3}");
+                println!("  {name:<16} {what:<40} {r:.3}");
             }
         }
     }
