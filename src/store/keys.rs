@@ -65,30 +65,14 @@ impl KeySpace {
     /// store sends them as they are, so this allocates a vector and one
     /// string per key, nothing else.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
-        let tagged = Self::tagged(policy, key);
-        let strategy = policy.strategy().as_str();
-        let stem = self.prefix.len() + tagged.0.len() + key.as_str().len() + strategy.len() + 6;
-        let name = |part: &str, index: Option<usize>| {
-            let mut name = String::with_capacity(stem + part.len() + 4);
-            self.push_tag(&mut name, tagged);
-            name.push(':');
-            name.push_str(strategy);
-            name.push(':');
-            name.push_str(part);
-            if let Some(i) = index {
-                push_index(&mut name, i);
-            }
-            name
-        };
-        if policy.strategy().has_resource_quota() {
-            // The resource's log, then this consumer's (quota 0, quota 1).
-            return vec![
-                name("resource", None),
-                name("consumer:", None) + key.as_str(),
-            ];
-        }
-        (0..policy.quotas().len())
-            .map(|i| name("", Some(i)))
+        // The key can appear twice: in the tag, and in a consumer's name.
+        let room = self.prefix.len() + policy.name().len() + 2 * key.as_str().len() + 40;
+        (0..key_count(policy))
+            .map(|i| {
+                let mut name = String::with_capacity(room);
+                self.push_name(&mut name, policy, key, i);
+                name
+            })
             .collect()
     }
 
@@ -98,29 +82,27 @@ impl KeySpace {
     pub(crate) fn name_quota_keys(&self, policy: &Policy, key: &Key, names: &mut KeyNames) {
         names.text.clear();
         names.ends.clear();
-        let strategy = policy.strategy().as_str();
-        if policy.strategy().has_resource_quota() {
-            // The resource's log, then this consumer's (quota 0, quota 1).
-            for (i, part) in ["resource", "consumer:"].into_iter().enumerate() {
-                self.push_tag(&mut names.text, Self::tagged(policy, key));
-                names.text.push(':');
-                names.text.push_str(strategy);
-                names.text.push(':');
-                names.text.push_str(part);
-                if i == 1 {
-                    names.text.push_str(key.as_str());
-                }
-                names.ends.push(names.text.len());
-            }
-            return;
-        }
-        for i in 0..policy.quotas().len() {
-            self.push_tag(&mut names.text, Self::tagged(policy, key));
-            names.text.push(':');
-            names.text.push_str(strategy);
-            names.text.push(':');
-            push_index(&mut names.text, i);
+        for i in 0..key_count(policy) {
+            self.push_name(&mut names.text, policy, key, i);
             names.ends.push(names.text.len());
+        }
+    }
+
+    /// Appends the name of quota `i`'s key: the tag, the strategy, then the
+    /// quota's index, or for a policy with a resource quota (the sliding
+    /// log) the resource's log (0) or this consumer's (1).
+    fn push_name(&self, out: &mut String, policy: &Policy, key: &Key, i: usize) {
+        self.push_tag(out, Self::tagged(policy, key));
+        out.push(':');
+        out.push_str(policy.strategy().as_str());
+        out.push(':');
+        if !policy.strategy().has_resource_quota() {
+            push_index(out, i);
+        } else if i == 0 {
+            out.push_str("resource");
+        } else {
+            out.push_str("consumer:");
+            out.push_str(key.as_str());
         }
     }
 
@@ -160,6 +142,15 @@ impl KeyNames {
     /// built).
     pub(crate) fn first(&self) -> &str {
         self.ends.first().map_or("", |&end| &self.text[..end])
+    }
+}
+
+/// How many keys one decision of `policy` uses.
+fn key_count(policy: &Policy) -> usize {
+    if policy.strategy().has_resource_quota() {
+        2
+    } else {
+        policy.quotas().len()
     }
 }
 

@@ -42,8 +42,12 @@ pub(crate) fn parse_integers(line: &[u8]) -> Result<Vec<i64>, StoreError> {
     let (mut n, mut digits, mut negative) = (0i64, 0usize, false);
     for &b in line {
         match b {
-            b'0'..=b'9' if digits < 18 => {
-                n = n * 10 + i64::from(b - b'0');
+            b'0'..=b'9' => {
+                // Any i64 (Lua formats up to 19 digits); past it, malformed.
+                n = n
+                    .checked_mul(10)
+                    .and_then(|n| n.checked_add(i64::from(b - b'0')))
+                    .ok_or_else(malformed)?;
                 digits += 1;
             }
             b'-' if digits == 0 && !negative => negative = true,
@@ -114,13 +118,18 @@ mod tests {
                 1_800_000_000_000_000
             ]
         );
+        // Every i64 a script can return, extremes included.
+        assert_eq!(
+            parse_integers(b"9223372036854775807 -9223372036854775807").unwrap(),
+            [i64::MAX, -i64::MAX]
+        );
         for bad in [
             &b""[..],
             b"1  2",
             b"1 x",
             b"-",
             b"1 2 ",
-            b"99999999999999999999",
+            b"9223372036854775808",
         ] {
             assert!(parse_integers(bad).is_err(), "{bad:?}");
         }
