@@ -14,6 +14,9 @@ use axum::routing::get;
 use axum::Router;
 use tower::ServiceExt;
 
+mod support;
+
+use support::counting::Counting;
 use tollgate::{
     BoxFuture, Decision, FailurePolicy, Key, ManualClock, MemoryStore, Policy, Quota,
     RateLimitLayer, Receipt, Store, StoreError, StoreErrorKind,
@@ -119,42 +122,6 @@ impl Store for FailsAtOnce {
     }
 }
 
-/// A memory store reached only through its awaited methods, counting checks.
-#[derive(Debug, Default)]
-struct AwaitedOnly {
-    inner: MemoryStore,
-    checks: AtomicUsize,
-}
-
-impl Store for AwaitedOnly {
-    fn check<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a Key,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.checks.fetch_add(1, Ordering::SeqCst);
-        self.inner.check(policy, key, cost)
-    }
-
-    fn peek<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.inner.peek(policy, key)
-    }
-
-    fn refund<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a Key,
-        receipt: &'a Receipt,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.refund(policy, key, receipt)
-    }
-}
-
 /// A handler that answers 304 to `If-None-Match`, as the zoo's does.
 async fn etagged(headers: HeaderMap) -> StatusCode {
     if headers.contains_key("if-none-match") {
@@ -216,12 +183,13 @@ async fn a_store_that_answers_at_once_is_never_awaited_for_decisions_or_refunds(
 
 #[tokio::test]
 async fn a_store_failing_at_once_falls_back_to_an_awaited_local_store() {
-    let fallback = Arc::new(AwaitedOnly::default());
+    // No `check_now`: the fallback must be awaited.
+    let fallback = Counting::new();
     let quota = Quota::per_minute(NonZeroU32::new(1).unwrap());
     let layer = RateLimitLayer::builder()
         .policy(Policy::fixed_window("core", quota))
         .store(FailsAtOnce)
-        .on_store_failure(FailurePolicy::Local(fallback.clone()))
+        .on_store_failure(FailurePolicy::Local(Arc::new(fallback.clone())))
         .build()
         .unwrap();
     let app = app(layer);
@@ -233,5 +201,5 @@ async fn a_store_failing_at_once_falls_back_to_an_awaited_local_store() {
     let (status, headers) = get_status(&app, false).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(headers["x-ratelimit-fallback"], "local");
-    assert_eq!(fallback.checks.load(Ordering::SeqCst), 2);
+    assert_eq!(fallback.checks(), 2);
 }

@@ -4,8 +4,6 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -16,63 +14,15 @@ use axum::{Extension, Router};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
+mod support;
+
+use support::counting::Counting;
 use tollgate::{
-    BoxFuture, Decision, FailurePolicy, ForwardedIp, HeaderKey, Key, ManualClock, MemoryStore,
-    Policy, Quota, RateLimitLayer, RateLimitLayerBuilder, Receipt, Store, StoreError,
-    StoreErrorKind,
+    BoxFuture, Decision, FailurePolicy, ForwardedIp, HeaderKey, Key, Policy, Quota, RateLimitLayer,
+    RateLimitLayerBuilder, Receipt, Store, StoreError, StoreErrorKind,
 };
 
 // ---------------------------------------------------------------- doubles
-
-/// A memory store that counts the calls it gets, to prove which requests
-/// never reached the store.
-#[derive(Debug, Clone)]
-struct Counting {
-    inner: MemoryStore,
-    checks: Arc<AtomicUsize>,
-}
-
-impl Counting {
-    fn new() -> Self {
-        Self {
-            inner: MemoryStore::with_clock(ManualClock::new(1_000_000)),
-            checks: Arc::default(),
-        }
-    }
-
-    fn checks(&self) -> usize {
-        self.checks.load(Ordering::SeqCst)
-    }
-}
-
-impl Store for Counting {
-    fn check<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a Key,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.checks.fetch_add(1, Ordering::SeqCst);
-        self.inner.check(policy, key, cost)
-    }
-
-    fn peek<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a Key,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.inner.peek(policy, key)
-    }
-
-    fn refund<'a>(
-        &'a self,
-        policy: &'a Policy,
-        key: &'a Key,
-        receipt: &'a Receipt,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.refund(policy, key, receipt)
-    }
-}
 
 /// A store that is always down, as the layer sees an unreachable Redis.
 #[derive(Debug)]

@@ -5,4 +5,5 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod conformance;
+pub mod counting;
 pub mod redis;
