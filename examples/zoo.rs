@@ -9,7 +9,8 @@
 //! (default 5) requests per `ZOO_WINDOW_SECS` (default 10) per caller, and
 //! `ZOO_TRUSTED_PROXIES` (comma-separated CIDRs whose `X-Forwarded-For` is
 //! believed). Callers are told apart by `X-Api-Key`, else by client IP.
-//! `ZOO_BENCH=1` adds `/unlimited` for `scripts/load.sh`.
+//! `ZOO_BENCH=1` adds `/unlimited`, `/strategies/headers_only` and (with
+//! Redis) `/strategies/redis_ping` for `scripts/load.sh`.
 //!
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
@@ -37,6 +38,10 @@
 //! - `GET /unlimited` and `GET /strategies/unlimited` (only with
 //!   `ZOO_BENCH=1`): the same handler with no limiter, the baseline the load
 //!   test compares with (the second at the limited routes' depth).
+//! - `GET /strategies/headers_only` and `GET /strategies/redis_ping` (only
+//!   with `ZOO_BENCH=1`; the second only with Redis): that handler behind
+//!   five prebuilt `X-RateLimit-*` headers, or after one Redis `PING`: the
+//!   floors a limiter's cost and latency are read against.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -251,12 +256,77 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         // differs in the limiter alone, not in routing a longer path.
         router = router
             .route("/unlimited", get(tigerfeeding))
-            .route("/strategies/unlimited", get(tigerfeeding));
+            .route("/strategies/unlimited", get(tigerfeeding))
+            .route(
+                "/strategies/headers_only",
+                get(tigerfeeding).layer(tower::util::MapResponseLayer::new(headers_only)),
+            );
+        if let Some(url) = &settings.redis_url {
+            router = router.route("/strategies/redis_ping", redis_ping(url).await?);
+        }
     }
     Ok(router
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
         .with_state(zoo))
+}
+
+/// The floor under any limiter that sends GitHub's headers (`ZOO_BENCH=1`):
+/// the same five `X-RateLimit-*` headers, prebuilt, on every response, and
+/// nothing decided. What a limited route costs beyond this is the limiter's.
+fn headers_only(mut response: Response) -> Response {
+    use axum::http::{HeaderName, HeaderValue};
+    static HEADERS: [(HeaderName, HeaderValue); 5] = [
+        (
+            HeaderName::from_static("x-ratelimit-limit"),
+            HeaderValue::from_static("3600000000"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-remaining"),
+            HeaderValue::from_static("3599999999"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-used"),
+            HeaderValue::from_static("1"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-reset"),
+            HeaderValue::from_static("1795000000"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-resource"),
+            HeaderValue::from_static("headers_only"),
+        ),
+    ];
+    let headers = response.headers_mut();
+    headers.reserve(HEADERS.len());
+    for (name, value) in &HEADERS {
+        headers.insert(name.clone(), value.clone());
+    }
+    response
+}
+
+/// The handler after one `PING` to Redis (`ZOO_BENCH=1` with `REDIS_URL`):
+/// a Redis round trip as this server sees it, at the load it is under, for
+/// the latency a limiter adds to be compared with.
+async fn redis_ping(url: &str) -> Result<axum::routing::MethodRouter<Zoo>, String> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| e.to_string())?
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    let conn = redis::Client::open(info)
+        .map_err(|e| e.to_string())?
+        .get_connection_manager()
+        .await
+        .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?;
+    Ok(get(move |headers: HeaderMap| {
+        let mut conn = conn.clone();
+        async move {
+            match redis::cmd("PING").query_async::<String>(&mut conn).await {
+                Ok(_) => tigerfeeding(headers).await,
+                Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+            }
+        }
+    }))
 }
 
 /// On one core (say under `taskset`) a current-thread runtime, else Tokio's
