@@ -31,6 +31,28 @@ end
 local cost = tonumber(ARGV[2])
 local n = #KEYS
 
+-- One quota, the common case: the same steps as below without their tables,
+-- which cost a lone call about an eighth of its instructions in Redis.
+if n == 1 then
+  local limit = tonumber(ARGV[3])
+  local stored = redis.call('HMGET', KEYS[1], 'c', 'r')
+  local c, r = tonumber(stored[1]), tonumber(stored[2])
+  local open = c and r and r > now
+  if not open then c, r = 0, now + tonumber(ARGV[4]) end
+  if c + cost > limit then
+    return {0, limit, math.min(c, limit), r, r - now, now, 0}
+  end
+  if cost > 0 and not dry_run then
+    if open then
+      redis.call('HINCRBY', KEYS[1], 'c', ARGV[2])
+    else
+      redis.call('HSET', KEYS[1], 'c', ARGV[2], 'r', int(r))
+      redis.call('PEXPIRE', KEYS[1], int(math.ceil((r - now) / 1000) + 1000))
+    end
+  end
+  return {1, limit, c + cost, r, -1, now, 0, r}
+end
+
 local count, reset, limit, open = {}, {}, {}, {}
 for i = 1, n do
   limit[i] = tonumber(ARGV[1 + 2 * i])

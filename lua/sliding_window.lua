@@ -54,6 +54,8 @@ local function first(lo, hi, fits)
 end
 
 local limit, window, start, cur, prev, used, fits, fits_at = {}, {}, {}, {}, {}, {}, {}, {}
+-- Whether quota i's stored window is the current one.
+local same = {}
 for i = 1, n do
   limit[i] = tonumber(ARGV[1 + 2 * i])
   window[i] = tonumber(ARGV[2 + 2 * i])
@@ -62,11 +64,11 @@ for i = 1, n do
   local stored = redis.call('HMGET', KEYS[i], 's', 'c', 'p')
   local s, c, p = tonumber(stored[1]), tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
   local elapsed = now - start[i]
-  cur[i], prev[i] = 0, 0
+  cur[i], prev[i], same[i] = 0, 0, false
   if s and s > start[i] then
-    start[i], cur[i], prev[i], elapsed = s, c, p, 0
+    start[i], cur[i], prev[i], elapsed, same[i] = s, c, p, 0, true
   elseif s == start[i] then
-    cur[i], prev[i] = c, p
+    cur[i], prev[i], same[i] = c, p, true
   elseif s and s + w == start[i] then
     prev[i] = c
   end
@@ -112,10 +114,18 @@ if cost > 0 then
     cur[i] = cur[i] + cost
   end
 end
+-- Inside the stored window only its count moves: HINCRBY keeps its start,
+-- the previous count and the expiry set when it opened (its end does not
+-- change), and formats no numbers: a fifth of a lone call in Redis.
+-- The state written is the Rust model's either way.
 if cost > 0 and not dry_run then
   for i = 1, n do
-    redis.call('HSET', KEYS[i], 's', int(start[i]), 'c', int(cur[i]), 'p', int(prev[i]))
-    redis.call('PEXPIRE', KEYS[i], int(math.ceil((start[i] + 2 * window[i] - now) / 1000) + 1000))
+    if same[i] then
+      redis.call('HINCRBY', KEYS[i], 'c', ARGV[2])
+    else
+      redis.call('HSET', KEYS[i], 's', int(start[i]), 'c', int(cur[i]), 'p', int(prev[i]))
+      redis.call('PEXPIRE', KEYS[i], int(math.ceil((start[i] + 2 * window[i] - now) / 1000) + 1000))
+    end
   end
 end
 
