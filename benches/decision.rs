@@ -10,7 +10,8 @@
 //! - `redis_c1`, `redis_c64`: `RedisStore::check` over one multiplexed
 //!   connection with 1 and 64 decisions in flight, beside `bare_evalsha`: a
 //!   plain redis-rs client sending the same `EVALSHA` of
-//!   `lua/fixed_window.lua` with the same arguments through the same kind of
+//!   `lua/fixed_window.lua` as the store sends it (its reply packed by
+//!   `lua/packed.lua`) with the same arguments through the same kind of
 //!   connection, so the store's own cost shows as a ratio measured in the
 //!   same run. Both decide for one caller (one key).
 //! - `redis_c64_crowd`: the same at 64 in flight for 10,000 callers taking
@@ -301,13 +302,19 @@ fn redis(c: &mut Criterion) {
         .block_on(client.get_multiplexed_async_connection())
         .unwrap();
 
-    // The bare client's script: loaded once, then called by SHA.
-    let source = include_str!("../lua/fixed_window.lua");
+    // The bare client's script, the one the store sends: lua/fixed_window.lua
+    // with its reply packed by lua/packed.lua (src/store/redis/script.rs).
+    // Loaded once, then called by SHA.
+    let source = format!(
+        "local function decide(KEYS, ARGV)\n{}\nend\n{}",
+        include_str!("../lua/fixed_window.lua"),
+        include_str!("../lua/packed.lua")
+    );
     let sha: String = rt
         .block_on(
             redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(source)
+                .arg(&source)
                 .query_async(&mut conn.clone()),
         )
         .unwrap();

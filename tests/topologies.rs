@@ -151,13 +151,6 @@ pub fn script_calls(server: &RedisServer) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// The SHA1 of a script as the store sends it.
-pub fn fixed_window_sha() -> String {
-    redis::Script::new(include_str!("../lua/fixed_window.lua"))
-        .get_hash()
-        .to_owned()
-}
-
 /// The Redis key of quota `i` for `caller` under `policy` and `prefix`.
 pub fn redis_key(prefix: &str, policy: &str, caller: &str, i: usize) -> String {
     let key = tollgate::Key::new(caller);

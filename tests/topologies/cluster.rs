@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::support::conformance::T0;
 use crate::support::redis::{key_slot, unique_prefix, wait_for_replication, RedisServer};
-use crate::{fixed_window_sha, redis_key, reset_stats, script_calls, shared_cluster};
+use crate::{redis_key, reset_stats, script_calls, shared_cluster};
 use tollgate::{Key, ManualClock, Policy, Quota, RedisStore, Store};
 
 fn exists(server: &RedisServer, key: &str, replica: bool) -> bool {
@@ -98,12 +98,15 @@ async fn a_node_that_never_saw_the_script_runs_it_after_one_eval() {
     assert!(decision.allowed);
     assert_eq!(decision.remaining, 4);
 
-    let exists: Vec<i64> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(fixed_window_sha())
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
         .query(&mut node.conn())
         .unwrap();
-    assert_eq!(exists, [1], "the owning node has the script now");
+    let cached = info
+        .lines()
+        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+        .map(|n| n.trim().parse::<u64>().unwrap());
+    assert_eq!(cached, Some(1), "the owning node has the script now");
     let calls = script_calls(node);
     assert!(calls.get("eval").copied().unwrap_or(0) >= 1, "{calls:?}");
     for n in cluster.nodes() {

@@ -10,9 +10,18 @@ use crate::error::StoreError;
 /// allowed, limit, used, reset_at µs, retry_after µs or -1, now µs, quota.
 const HEAD: usize = 7;
 
-/// The script's integers; anything else is a protocol error.
+/// The script's integers, as an array or packed in one string (8-byte
+/// big-endian words, `lua/packed.lua`); anything else is a protocol error.
 pub(crate) fn integers(value: Value) -> Result<Vec<i64>, StoreError> {
     match value {
+        Value::BulkString(bytes) if bytes.len() % 8 == 0 && !bytes.is_empty() => Ok(bytes
+            .chunks_exact(8)
+            .map(|word| {
+                let mut be = [0; 8];
+                be.copy_from_slice(word);
+                i64::from_be_bytes(be)
+            })
+            .collect()),
         Value::Array(items) => items
             .into_iter()
             .map(|v| match v {
@@ -101,6 +110,22 @@ pub(crate) fn shaped(ints: Vec<i64>, cost: u64) -> Result<Decision, StoreError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_words_and_arrays_give_the_same_integers() {
+        let ints = [1, 100, 3, 1_800_000_000_000_000, -1, i64::MIN, 0, i64::MAX];
+        let packed: Vec<u8> = ints.iter().flat_map(|i| i.to_be_bytes()).collect();
+        assert_eq!(integers(Value::BulkString(packed)).unwrap(), ints);
+        let array = Value::Array(ints.iter().map(|&i| Value::Int(i)).collect());
+        assert_eq!(integers(array).unwrap(), ints);
+        for bad in [
+            Value::BulkString(vec![0; 7]),
+            Value::BulkString(vec![]),
+            Value::Nil,
+        ] {
+            assert!(integers(bad.clone()).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_batch_line_parses_to_its_integers() {

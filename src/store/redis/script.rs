@@ -19,6 +19,12 @@ impl LuaScript {
         Self { name, source, sha }
     }
 
+    /// A decision script whose integers come back packed in one string
+    /// (`lua/packed.lua`), which the client reads without a parser.
+    pub(crate) fn decision(name: &'static str, source: &str) -> Self {
+        Self::new(name, packed(source))
+    }
+
     /// A script flagged read-only, so Redis refuses any write and lets
     /// replicas run it (`EVALSHA_RO`).
     pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
@@ -27,7 +33,8 @@ impl LuaScript {
 
     /// The no-writes twin of a decision script, for peeks and pre-checks:
     /// [read-only](Self::read_only), with its `dry_run` switched on, so it
-    /// decides as if charging the cost it is given and writes nothing.
+    /// decides as if charging the cost it is given and writes nothing; its
+    /// reply packed as the [decision](Self::decision)'s is.
     pub(crate) fn dry_run(name: &'static str, source: &str) -> Self {
         const MARKER: &str = "\nlocal dry_run = false\n";
         assert_eq!(
@@ -37,7 +44,7 @@ impl LuaScript {
         );
         Self::read_only(
             name,
-            &source.replacen(MARKER, "\nlocal dry_run = true\n", 1),
+            &packed(&source.replacen(MARKER, "\nlocal dry_run = true\n", 1)),
         )
     }
 
@@ -119,6 +126,14 @@ impl LuaScript {
     }
 }
 
+/// `source` as the function `decide`, its reply packed by `lua/packed.lua`.
+fn packed(source: &str) -> String {
+    format!(
+        "local function decide(KEYS, ARGV)\n{source}\nend\n{}",
+        include_str!("../../../lua/packed.lua")
+    )
+}
+
 /// Every script this crate runs.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -161,7 +176,7 @@ pub(crate) struct Trio {
 impl Trio {
     fn new(name: &'static str, check: &str, refund: &str) -> Self {
         Self {
-            check: LuaScript::new(name, check.into()),
+            check: LuaScript::decision(name, check),
             peek: LuaScript::dry_run(name, check),
             refund: LuaScript::new(name, refund.into()),
         }
@@ -199,7 +214,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let batches = checks
         .iter()
         .map(|&(name, source)| {
-            let sha = LuaScript::new(name, source.into()).sha;
+            let sha = LuaScript::decision(name, source).sha;
             let batch = match name {
                 // Reads and writes each key once per call, not per decision.
                 "fixed_window" => LuaScript::batch_with(
@@ -213,7 +228,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         .collect();
     Scripts {
         batches,
-        fixed_window: LuaScript::new("fixed_window", fixed_window.into()),
+        fixed_window: LuaScript::decision("fixed_window", fixed_window),
         fixed_window_peek: LuaScript::dry_run("fixed_window_peek", fixed_window),
         fixed_window_refund: LuaScript::new(
             "fixed_window_refund",
@@ -239,13 +254,13 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
             include_str!("../../../lua/gcra.lua"),
             include_str!("../../../lua/gcra_refund.lua"),
         ),
-        leaky_bucket: LuaScript::new("leaky_bucket", leaky_bucket.into()),
+        leaky_bucket: LuaScript::decision("leaky_bucket", leaky_bucket),
         leaky_bucket_peek: LuaScript::dry_run("leaky_bucket_peek", leaky_bucket),
         leaky_bucket_refund: LuaScript::new(
             "leaky_bucket_refund",
             include_str!("../../../lua/leaky_bucket_refund.lua").into(),
         ),
-        concurrency: LuaScript::new("concurrency", concurrency.into()),
+        concurrency: LuaScript::decision("concurrency", concurrency),
         concurrency_peek: LuaScript::dry_run("concurrency_peek", concurrency),
         concurrency_release: LuaScript::new(
             "concurrency_release",
