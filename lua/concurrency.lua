@@ -43,16 +43,19 @@ if cost > 0 and not dry_run then
 end
 local live = '(' .. int(floor)
 local count = redis.call('ZCOUNT', KEYS[1], live, '+inf')
-local oldest, newest = nil, nil
+local newest = nil
 if count > 0 then
-  oldest = tonumber(redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
   newest = tonumber(redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', live, 'WITHSCORES', 'LIMIT', 0, 1)[2])
 end
 
 if count + cost > limit then
   local reset, retry = now, 1000000
   if newest then reset = newest + timeout end
-  if oldest then retry = math.min(oldest + timeout - now, 1000000) end
+  -- The oldest entry only matters to a rejection: a pass skips the read.
+  if count > 0 then
+    local oldest = tonumber(redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    retry = math.min(oldest + timeout - now, 1000000)
+  end
   return {0, limit, math.min(count, limit), reset, retry, now, 0}
 end
 
