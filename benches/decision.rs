@@ -302,13 +302,36 @@ fn redis(c: &mut Criterion) {
         .block_on(client.get_multiplexed_async_connection())
         .unwrap();
 
+    let store = RedisStore::from_connection(conn.clone())
+        .prefix("tollgate-bench")
+        .build()
+        .unwrap();
+
     // The bare client's script, the one the store sends: lua/fixed_window.lua
     // with its reply packed by lua/packed.lua (src/store/redis/script.rs).
-    // Loaded once, then called by SHA.
+    // One fixed-window decision by the store first, so Redis holds the
+    // store's script: the bare client's SHA must be among it, or the two
+    // would not be running the same script.
     let source = format!(
         "local function decide(KEYS, ARGV)\n{}\nend\n{}",
         include_str!("../lua/fixed_window.lua"),
         include_str!("../lua/packed.lua")
+    );
+    let fixed_window = Policy::fixed_window("same-script", roomy());
+    rt.block_on(store.check(&fixed_window, &Key::new("same-script"), 1))
+        .unwrap();
+    let loaded: Vec<i64> = rt
+        .block_on(
+            redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(redis::Script::new(&source).get_hash())
+                .query_async(&mut conn.clone()),
+        )
+        .unwrap();
+    assert_eq!(
+        loaded,
+        [1],
+        "the bare client's script differs from the store's"
     );
     let sha: String = rt
         .block_on(
@@ -337,11 +360,6 @@ fn redis(c: &mut Criterion) {
         }
     };
     let bare = |conn: &redis::aio::MultiplexedConnection| bare_for(conn, &bare_key);
-
-    let store = RedisStore::from_connection(conn.clone())
-        .prefix("tollgate-bench")
-        .build()
-        .unwrap();
     let policies = lineup::lineup(quota);
     let key = Key::new("127.0.0.1");
 

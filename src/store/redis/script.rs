@@ -54,7 +54,8 @@ impl LuaScript {
         Self::batch_with(
             name,
             &format!(
-                "local function run(KEYS, ARGV)\n{source}\nend\n{}",
+                "{}{}",
+                as_function("run", source),
                 include_str!("../../../lua/batch_decide.lua")
             ),
         )
@@ -126,12 +127,15 @@ impl LuaScript {
     }
 }
 
+/// A whole script as the local function `name(KEYS, ARGV)`, for a wrapper
+/// that follows to call: its `return`s then hand a value to the wrapper.
+fn as_function(name: &str, source: &str) -> String {
+    format!("local function {name}(KEYS, ARGV)\n{source}\nend\n")
+}
+
 /// `source` as the function `decide`, its reply packed by `lua/packed.lua`.
 fn packed(source: &str) -> String {
-    format!(
-        "local function decide(KEYS, ARGV)\n{source}\nend\n{}",
-        include_str!("../../../lua/packed.lua")
-    )
+    as_function("decide", source) + include_str!("../../../lua/packed.lua")
 }
 
 /// Every script this crate runs.
