@@ -17,26 +17,30 @@
 -- decision before (a flood of one caller), else its key count, its argument
 -- count (-1: the arguments of the decision before, sent once) and arguments.
 --
--- Reply: one string, a line per decision: the integers its script returns
--- alone, separated by spaces, or '!' and the message if it failed (its
--- code first, e.g. `!WRONGTYPE ...`); the others still count. One string,
--- not an array of arrays, because Redis and the client then convert and
--- parse one value per call instead of some eight per decision, and an error
--- reply would fail the whole call in the client.
+-- Reply: one string, each decision's reply packed after the one before: a
+-- byte n (1 to 255) and the n integers its script returns alone, 8-byte
+-- big-endian; or, if it failed, a zero byte, the message's length (2 bytes,
+-- big-endian) and the message, its code first (e.g. `WRONGTYPE ...`); the
+-- other decisions still count. One string, not an array of arrays, because
+-- Redis and the client then convert and parse one value per call instead of
+-- some eight per decision, and an error reply would fail the whole call in
+-- the client; packed, not formatted, because the client then reads each
+-- integer with a load instead of parsing its digits.
 
 local now = nil
 local formats = {}
 
--- A reply table as its line: the integers, formatted by one C call.
-local function line(reply)
+-- A reply table packed by one C call; a strategy's own `decide` may return
+-- its reply packed already.
+local function packed(reply)
   if type(reply) ~= 'table' then return reply end
   local n = #reply
   local f = formats[n]
   if f == nil then
-    f = string.rep('%d ', n - 1) .. '%d'
+    f = '>B' .. string.rep('l', n)
     formats[n] = f
   end
-  return string.format(f, unpack(reply))
+  return struct.pack(f, n, unpack(reply))
 end
 
 -- k: the keys used so far; a: the next decision's first argument. A
@@ -67,11 +71,12 @@ for c = 1, tonumber(ARGV[1]) do
   end
   local ok, reply = pcall(decide, kn, nk, an, na, t)
   if ok then
-    out[c] = line(reply)
+    out[c] = packed(reply)
   else
     local message = type(reply) == 'table' and reply.err or tostring(reply)
-    out[c] = '!' .. (string.gsub(message, '\n', ' '))
+    message = string.sub(message, 1, 65535)
+    out[c] = struct.pack('>BHc0', 0, #message, message)
   end
 end
 flush()
-return table.concat(out, '\n')
+return table.concat(out)

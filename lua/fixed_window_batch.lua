@@ -15,7 +15,7 @@ local function int(x) return string.format('%.0f', x) end
 -- A flood sends the same few numbers over and over, and Redis's Lua turns
 -- strings into numbers with strtod and numbers into strings with sprintf,
 -- each some 1,500 instructions: a call converts each value once.
-local numbers, strings = {}, {}
+local numbers = {}
 
 local function num(arg)
   local n = numbers[arg]
@@ -24,15 +24,6 @@ local function num(arg)
     numbers[arg] = n
   end
   return n
-end
-
-local function str(n)
-  local s = strings[n]
-  if s == nil then
-    s = string.format('%d', n)
-    strings[n] = s
-  end
-  return s
 end
 
 local state, order = {}, {}
@@ -61,17 +52,14 @@ local function decide(k, n, a, _, now)
   local cost = num(ARGV[a + 2])
   if n == 1 then
     -- One quota, the common case: no tables but the window's, and the
-    -- reply already as its line (see lua/batch.lua), built from strings
-    -- this call has made before but for the count a pass changes.
+    -- reply packed here (see lua/batch.lua) without a table in between.
     local limit = num(ARGV[a + 3])
     local s = window_of(KEYS[k + 1], now, num(ARGV[a + 4]))
     if s.c + cost > limit then
-      return '0 ' .. str(limit) .. ' ' .. str(math.min(s.c, limit)) .. ' ' .. str(s.r)
-        .. ' ' .. str(s.r - now) .. ' ' .. str(now) .. ' 0'
+      return struct.pack('>Blllllll', 7, 0, limit, math.min(s.c, limit), s.r, s.r - now, now, 0)
     end
     s.c, s.added = s.c + cost, s.added + cost
-    return '1 ' .. str(limit) .. ' ' .. string.format('%d', s.c) .. ' ' .. str(s.r)
-      .. ' -1 ' .. str(now) .. ' 0 ' .. str(s.r)
+    return struct.pack('>Bllllllll', 8, 1, limit, s.c, s.r, -1, now, 0, s.r)
   end
   local s, limit = {}, {}
   for i = 1, n do

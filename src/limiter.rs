@@ -612,10 +612,9 @@ impl Limiter {
             return (result, Stopwatch::idle());
         }
         let watch = Stopwatch::start();
-        // Boxed: the timer is large, and kept inline it would grow every
-        // request's future past what the allocator serves from its fast,
-        // per-thread cache, in-process stores included.
-        match Box::pin(tokio::time::timeout(self.deadline, call)).await {
+        // Inline, not boxed: only a store that keeps a request waiting (Redis)
+        // gets here, inside the one future the layer boxes for it anyway.
+        match tokio::time::timeout(self.deadline, call).await {
             Ok(result) => (result, watch),
             Err(_) => (Err(StoreError::timeout()), watch),
         }

@@ -12,6 +12,11 @@ use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Policy;
 
+/// One decision's key names for Redis, inline up to two (every strategy's
+/// one-quota form; the sliding log's resource and consumer): no list to
+/// allocate per request.
+pub(crate) type KeyList = smallvec::SmallVec<[String; 2]>;
+
 /// Names keys under a prefix: `{prefix}:{{policy|key}}:{strategy}:{i}`.
 #[derive(Debug, Clone)]
 pub(crate) struct KeySpace {
@@ -64,7 +69,7 @@ impl KeySpace {
     /// Each name is built in a string of its own, sized once: the Redis
     /// store sends them as they are, so this allocates a vector and one
     /// string per key, nothing else.
-    pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> Vec<String> {
+    pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> KeyList {
         // The key can appear twice: in the tag, and in a consumer's name.
         let room = self.prefix.len() + policy.name().len() + 2 * key.as_str().len() + 40;
         (0..key_count(policy))
@@ -189,7 +194,7 @@ mod tests {
         let policy = Policy::sliding_log("tigerfeeding", q, q);
         let keys = KeySpace::default().quota_keys(&policy, &Key::new("{bob}"));
         assert_eq!(
-            keys,
+            keys[..],
             [
                 "tollgate:{tigerfeeding}:sliding_log:resource",
                 "tollgate:{tigerfeeding}:sliding_log:consumer:%7Bbob%7D",
@@ -207,7 +212,7 @@ mod tests {
         let expected: Vec<String> = (0..12)
             .map(|i| format!("x:{{p|k}}:fixed_window:{i}"))
             .collect();
-        assert_eq!(keys, expected);
+        assert_eq!(keys[..], expected[..]);
     }
 
     #[test]
@@ -224,7 +229,7 @@ mod tests {
             let key = Key::new("k");
             space.name_quota_keys(policy, &key, &mut names);
             let named: Vec<&str> = names.iter().collect();
-            assert_eq!(named, space.quota_keys(policy, &key));
+            assert_eq!(named, space.quota_keys(policy, &key)[..]);
             assert_eq!(names.first(), named[0]);
         }
     }

@@ -16,9 +16,11 @@ use redis::{ToRedisArgs, Value};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::reply;
+use super::reply::{self, Ints};
 use super::script::{LuaScript, SCRIPTS};
+use super::Args;
 use crate::error::StoreError;
+use crate::store::keys::KeyList;
 
 /// Calls on their way to one server before decisions queue: enough that a
 /// lone decision rarely waits, few enough that a crowd forms batches.
@@ -49,13 +51,13 @@ struct State {
 /// One decision waiting for a slot.
 struct Job {
     script: &'static LuaScript,
-    keys: Vec<String>,
-    args: Vec<i64>,
+    keys: KeyList,
+    args: Args,
     reply: oneshot::Sender<Answer>,
 }
 
 /// A decision script's integers, or why there are none.
-type Answer = Result<Vec<i64>, StoreError>;
+type Answer = Result<Ints, StoreError>;
 
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -80,8 +82,8 @@ impl Batcher {
     pub(crate) async fn eval(
         &self,
         script: &'static LuaScript,
-        keys: Vec<String>,
-        args: Vec<i64>,
+        keys: KeyList,
+        args: Args,
     ) -> Answer {
         let route = {
             let mut state = self.shared.lock();
@@ -117,7 +119,7 @@ impl Batcher {
 
 /// Where one decision goes: out at once, or into the queue.
 enum Route {
-    Alone(Vec<String>, Vec<i64>),
+    Alone(KeyList, Args),
     Queued(oneshot::Receiver<Answer>),
 }
 
@@ -211,7 +213,7 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     for (job, repeat) in jobs.iter_mut().zip(&repeats) {
         key_counts.push(job.keys.len());
         if *repeat != Repeat::All {
-            keys.append(&mut job.keys);
+            keys.extend(job.keys.drain(..));
         }
     }
     let mut args = Vec::with_capacity(1 + jobs.len() * 6);
@@ -228,7 +230,7 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     }
     let reply = conn.eval(batch, &keys, &args, false).await;
     let answers = match reply {
-        Ok(reply) => lines(reply, jobs.len()),
+        Ok(reply) => answers(reply, jobs.len()),
         Err(err) => Err(Failure::Redis(err)),
     };
     match answers {
@@ -285,16 +287,21 @@ impl ToRedisArgs for Part {
     }
 }
 
-/// Splits `lua/batch.lua`'s reply, one line per decision, into each
-/// decision's integers or the error it met (`!` and the message, which
-/// starts with its code, e.g. `WRONGTYPE`).
-fn lines(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
-    let Value::BulkString(text) = reply else {
+/// Splits `lua/batch.lua`'s reply into each decision's integers or the
+/// error it met.
+fn answers(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
+    let Value::BulkString(bytes) = reply else {
         return Err(Failure::Protocol(format!(
             "malformed batch reply {reply:?}"
         )));
     };
-    let answers: Vec<Answer> = text.split(|&b| b == b'\n').map(line).collect();
+    let mut answers = Vec::with_capacity(n);
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        let (answer, after) = reply::batch_entry(rest).map_err(Failure::Protocol)?;
+        answers.push(answer);
+        rest = after;
+    }
     if answers.len() != n {
         return Err(Failure::Protocol(format!(
             "{} replies in a batch of {n}",
@@ -302,14 +309,4 @@ fn lines(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
         )));
     }
     Ok(answers)
-}
-
-/// One decision's line.
-fn line(line: &[u8]) -> Answer {
-    if let Some(message) = line.strip_prefix(b"!") {
-        let message = String::from_utf8_lossy(message);
-        let (code, detail) = message.split_once(' ').unwrap_or((&message, ""));
-        return Err(redis::make_extension_error(code.to_owned(), Some(detail.to_owned())).into());
-    }
-    reply::parse_integers(line)
 }

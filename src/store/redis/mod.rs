@@ -22,6 +22,7 @@ use redis::cluster_async::ClusterConnection;
 use self::batch::Batcher;
 use self::connection::{Connection, PooledConnection};
 use self::script::{LuaScript, SCRIPTS};
+use super::keys::KeyList;
 use super::{BoxFuture, KeySpace, Store};
 use crate::clock::Clock;
 use crate::decision::{Decision, Receipt};
@@ -393,7 +394,7 @@ impl RedisStore {
         key: &Key,
         cost: u64,
         read_only: bool,
-    ) -> (&'static LuaScript, Vec<String>, Vec<i64>) {
+    ) -> (&'static LuaScript, KeyList, Args) {
         let scripts = &*SCRIPTS;
         match policy.strategy() {
             Strategy::FixedWindow => {
@@ -402,7 +403,7 @@ impl RedisStore {
                 } else {
                     &scripts.fixed_window
                 };
-                let mut args = Vec::with_capacity(2 + 2 * policy.quotas().len());
+                let mut args = Args::new();
                 args.push(self.now_int());
                 args.push(int(cost));
                 args.extend(quota_ints(policy));
@@ -410,29 +411,31 @@ impl RedisStore {
             }
             Strategy::UniformGate => {
                 let span = policy.quotas()[0].window_micros();
-                let args = vec![self.now_int(), int(cost), int(span), int(MAX_SPAN_MICROS)];
+                let args =
+                    Args::from_slice(&[self.now_int(), int(cost), int(span), int(MAX_SPAN_MICROS)]);
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.uniform_gate.decide(read_only), keys, args)
             }
             Strategy::SlidingLog => {
-                let mut args = vec![self.now_int(), int(cost), int(sliding_log::request_id())];
+                let mut args =
+                    Args::from_slice(&[self.now_int(), int(cost), int(sliding_log::request_id())]);
                 args.extend(quota_ints(policy));
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.sliding_log.decide(read_only), keys, args)
             }
             Strategy::SlidingWindow => {
-                let mut args = vec![self.now_int(), int(cost)];
+                let mut args = Args::from_slice(&[self.now_int(), int(cost)]);
                 args.extend(quota_ints(policy));
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.sliding_window.decide(read_only), keys, args)
             }
             Strategy::Gcra { burst } => {
-                let args = vec![
+                let args = Args::from_slice(&[
                     self.now_int(),
                     int(cost),
                     int(gcra::interval(&policy.quotas()[0])),
                     int(burst.get()),
-                ];
+                ]);
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (scripts.gcra.decide(read_only), keys, args)
             }
@@ -442,12 +445,12 @@ impl RedisStore {
                 } else {
                     &scripts.leaky_bucket
                 };
-                let args = vec![
+                let args = Args::from_slice(&[
                     self.now_int(),
                     int(cost),
                     int(capacity.get()),
                     int(leaky_bucket::interval_micros(&policy.quotas()[0])),
-                ];
+                ]);
                 (script, self.inner.keys.quota_keys(policy, key), args)
             }
             Strategy::Concurrency => {
@@ -457,13 +460,13 @@ impl RedisStore {
                     &scripts.concurrency
                 };
                 let quota = policy.quotas()[0];
-                let args = vec![
+                let args = Args::from_slice(&[
                     self.now_int(),
                     int(cost),
                     int(quota.limit()),
                     int(quota.window_micros()),
                     int(concurrency::new_id()),
-                ];
+                ]);
                 (script, self.inner.keys.quota_keys(policy, key), args)
             }
         }
@@ -542,6 +545,10 @@ impl RedisStore {
         Ok(())
     }
 }
+
+/// A decision script's arguments, all integers: inline for every one-quota
+/// policy, so a decision allocates no argument list.
+pub(crate) type Args = smallvec::SmallVec<[i64; 8]>;
 
 /// Each quota's limit and window (µs), as integer script arguments.
 fn quota_ints(policy: &Policy) -> impl Iterator<Item = i64> + '_ {

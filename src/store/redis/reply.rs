@@ -1,10 +1,15 @@
-//! Turning script replies (integer arrays, or a batch's lines of integers)
-//! into decisions.
+//! Turning script replies (integer arrays, or integers packed in a string,
+//! alone or a batch's) into decisions.
 
 use redis::Value;
+use smallvec::SmallVec;
 
 use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
+
+/// A script's integers, inline for a one-quota decision (the head and one
+/// stamp), so reading a reply allocates nothing.
+pub(crate) type Ints = SmallVec<[i64; 8]>;
 
 /// Fields every decision script returns first, in this order:
 /// allowed, limit, used, reset_at µs, retry_after µs or -1, now µs, quota.
@@ -12,16 +17,11 @@ const HEAD: usize = 7;
 
 /// The script's integers, as an array or packed in one string (8-byte
 /// big-endian words, `lua/packed.lua`); anything else is a protocol error.
-pub(crate) fn integers(value: Value) -> Result<Vec<i64>, StoreError> {
+pub(crate) fn integers(value: Value) -> Result<Ints, StoreError> {
     match value {
-        Value::BulkString(bytes) if bytes.len() % 8 == 0 && !bytes.is_empty() => Ok(bytes
-            .chunks_exact(8)
-            .map(|word| {
-                let mut be = [0; 8];
-                be.copy_from_slice(word);
-                i64::from_be_bytes(be)
-            })
-            .collect()),
+        Value::BulkString(bytes) if bytes.len() % 8 == 0 && !bytes.is_empty() => {
+            Ok(integers_of(&bytes))
+        }
         Value::Array(items) => items
             .into_iter()
             .map(|v| match v {
@@ -37,45 +37,47 @@ pub(crate) fn integers(value: Value) -> Result<Vec<i64>, StoreError> {
     }
 }
 
-/// A line of a batch reply (see `lua/batch.lua`): integers separated by
-/// single spaces.
-pub(crate) fn parse_integers(line: &[u8]) -> Result<Vec<i64>, StoreError> {
+/// One decision's reply at the start of a batch's reply (see
+/// `lua/batch.lua`): its integers, or the error it met; and the replies
+/// after it. `Err` when the bytes are not such a reply.
+pub(crate) fn batch_entry(bytes: &[u8]) -> Result<(Result<Ints, StoreError>, &[u8]), String> {
     let malformed = || {
-        StoreError::protocol(format!(
-            "expected integers, got {:?}",
-            String::from_utf8_lossy(line)
-        ))
+        format!(
+            "malformed batch reply at {:?}",
+            String::from_utf8_lossy(bytes)
+        )
     };
-    // One pass over the bytes: this runs for every batched decision.
-    let mut ints = Vec::with_capacity(8);
-    let (mut n, mut digits, mut negative) = (0i64, 0usize, false);
-    for &b in line {
-        match b {
-            b'0'..=b'9' => {
-                // Any i64 (Lua formats up to 19 digits); past it, malformed.
-                n = n
-                    .checked_mul(10)
-                    .and_then(|n| n.checked_add(i64::from(b - b'0')))
-                    .ok_or_else(malformed)?;
-                digits += 1;
-            }
-            b'-' if digits == 0 && !negative => negative = true,
-            b' ' if digits > 0 => {
-                ints.push(if negative { -n } else { n });
-                (n, digits, negative) = (0, 0, false);
-            }
-            _ => return Err(malformed()),
-        }
+    let (&tag, rest) = bytes.split_first().ok_or_else(malformed)?;
+    if tag > 0 {
+        let len = usize::from(tag) * 8;
+        let words = rest.get(..len).ok_or_else(malformed)?;
+        return Ok((Ok(integers_of(words)), &rest[len..]));
     }
-    if digits == 0 {
-        return Err(malformed());
-    }
-    ints.push(if negative { -n } else { n });
-    Ok(ints)
+    let len = match rest {
+        [hi, lo, ..] => usize::from(u16::from_be_bytes([*hi, *lo])),
+        _ => return Err(malformed()),
+    };
+    let message = rest.get(2..2 + len).ok_or_else(malformed)?;
+    let message = String::from_utf8_lossy(message);
+    let (code, detail) = message.split_once(' ').unwrap_or((&message, ""));
+    let err = redis::make_extension_error(code.to_owned(), Some(detail.to_owned()));
+    Ok((Err(err.into()), &rest[2 + len..]))
+}
+
+/// 8-byte big-endian words, as integers.
+fn integers_of(words: &[u8]) -> Ints {
+    words
+        .chunks_exact(8)
+        .map(|word| {
+            let mut be = [0; 8];
+            be.copy_from_slice(word);
+            i64::from_be_bytes(be)
+        })
+        .collect()
 }
 
 /// Decodes the shared reply head, with the remaining integers as the receipt.
-pub(crate) fn decision(ints: Vec<i64>, cost: u64) -> Result<Decision, StoreError> {
+pub(crate) fn decision(ints: Ints, cost: u64) -> Result<Decision, StoreError> {
     if ints.len() < HEAD || ints[..HEAD].iter().skip(1).any(|&i| i < -1) {
         return Err(StoreError::protocol(format!(
             "malformed decision reply {ints:?}"
@@ -83,8 +85,8 @@ pub(crate) fn decision(ints: Vec<i64>, cost: u64) -> Result<Decision, StoreError
     }
     let u = |i: usize| ints[i].max(0) as u64;
     let decision = if ints[0] == 1 {
-        let stamps = ints[HEAD..].iter().map(|&s| s.max(0) as u64).collect();
-        Decision::allowed(u(1), u(2), u(3), u(5)).with_receipt(Receipt::new(cost, stamps))
+        let stamps = ints[HEAD..].iter().map(|&s| s.max(0) as u64);
+        Decision::allowed(u(1), u(2), u(3), u(5)).with_receipt(Receipt::of(cost, stamps))
     } else {
         Decision::rejected(u(1), u(2), u(3), u(5), u(4))
     };
@@ -93,7 +95,7 @@ pub(crate) fn decision(ints: Vec<i64>, cost: u64) -> Result<Decision, StoreError
 
 /// Decodes a leaky bucket's reply: the shared head, then on a pass the slot
 /// end (the receipt's stamp) and the wait before leaving, µs.
-pub(crate) fn shaped(ints: Vec<i64>, cost: u64) -> Result<Decision, StoreError> {
+pub(crate) fn shaped(ints: Ints, cost: u64) -> Result<Decision, StoreError> {
     let mut decision = decision(ints, cost)?;
     if decision.allowed {
         let delay = decision
@@ -115,9 +117,9 @@ mod tests {
     fn packed_words_and_arrays_give_the_same_integers() {
         let ints = [1, 100, 3, 1_800_000_000_000_000, -1, i64::MIN, 0, i64::MAX];
         let packed: Vec<u8> = ints.iter().flat_map(|i| i.to_be_bytes()).collect();
-        assert_eq!(integers(Value::BulkString(packed)).unwrap(), ints);
+        assert_eq!(integers(Value::BulkString(packed)).unwrap()[..], ints);
         let array = Value::Array(ints.iter().map(|&i| Value::Int(i)).collect());
-        assert_eq!(integers(array).unwrap(), ints);
+        assert_eq!(integers(array).unwrap()[..], ints);
         for bad in [
             Value::BulkString(vec![0; 7]),
             Value::BulkString(vec![]),
@@ -128,35 +130,43 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_line_parses_to_its_integers() {
-        let line = b"1 100 3 1800000000000000 -1 1799999999000000 0 1800000000000000";
+    fn a_batch_reply_splits_into_each_decisions_integers_or_error() {
+        let pack = |ints: &[i64]| {
+            let mut out = vec![ints.len() as u8];
+            out.extend(ints.iter().flat_map(|i| i.to_be_bytes()));
+            out
+        };
+        let mut bytes = pack(&[1, 100, 3, 1_800_000_000_000_000, -1, 7, 0, i64::MAX]);
+        let message = b"WRONGTYPE Operation against a key";
+        bytes.extend([0, 0, message.len() as u8]);
+        bytes.extend(message);
+        bytes.extend(pack(&[i64::MIN]));
+
+        let (first, rest) = batch_entry(&bytes).unwrap();
         assert_eq!(
-            parse_integers(line).unwrap(),
-            [
-                1,
-                100,
-                3,
-                1_800_000_000_000_000,
-                -1,
-                1_799_999_999_000_000,
-                0,
-                1_800_000_000_000_000
-            ]
+            first.unwrap()[..],
+            [1, 100, 3, 1_800_000_000_000_000, -1, 7, 0, i64::MAX]
         );
-        // Every i64 a script can return, extremes included.
-        assert_eq!(
-            parse_integers(b"9223372036854775807 -9223372036854775807").unwrap(),
-            [i64::MAX, -i64::MAX]
-        );
-        for bad in [
-            &b""[..],
-            b"1  2",
-            b"1 x",
-            b"-",
-            b"1 2 ",
-            b"9223372036854775808",
-        ] {
-            assert!(parse_integers(bad).is_err(), "{bad:?}");
+        let (second, rest) = batch_entry(rest).unwrap();
+        let err = second.unwrap_err().to_string();
+        assert!(err.contains("WRONGTYPE"), "{err}");
+        let (third, rest) = batch_entry(rest).unwrap();
+        assert_eq!(third.unwrap()[..], [i64::MIN]);
+        assert!(rest.is_empty());
+
+        // Cut short anywhere, or an empty reply: malformed, never a panic.
+        for cut in 0..bytes.len() {
+            let mut rest = &bytes[..cut];
+            let mut seen = 0;
+            while !rest.is_empty() {
+                match batch_entry(rest) {
+                    Ok((_, after)) => rest = after,
+                    Err(_) => break,
+                }
+                seen += 1;
+            }
+            assert!(seen < 3, "a reply cut at {cut} still read as whole");
         }
+        assert!(batch_entry(b"").is_err());
     }
 }
