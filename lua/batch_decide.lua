@@ -1,7 +1,8 @@
--- tollgate: the `decide` and `flush` that lua/batch.lua calls for a strategy
--- without its own: the store puts the decision script before this file as
+-- tollgate: the `decide` that lua/batch.lua calls for a strategy without its
+-- own: the store puts the decision script before this file as
 -- `run(KEYS, ARGV)`, and each decision runs it on its own keys and arguments,
--- exactly as it would run alone.
+-- exactly as it would run alone. The store adds `flush`: an empty one, or
+-- lua/batch_cache.lua's.
 
 local function decide(k, nk, a, na, now)
   local keys, args = {}, {}
@@ -10,5 +11,3 @@ local function decide(k, nk, a, na, now)
   if now then args[1] = now end
   return run(keys, args)
 end
-
-local function flush() end

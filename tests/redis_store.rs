@@ -412,6 +412,166 @@ async fn a_fixed_window_batch_touches_each_key_once_and_sets_its_expiry() {
     }
 }
 
+/// Every key under `prefix` (the prefix cut off): what it holds, and its
+/// expiry in ms (-1: none), so two runs' states can be compared.
+fn key_states(server: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
+    let mut conn = server.conn();
+    let mut names: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let kind: String = redis::cmd("TYPE").arg(&name).query(&mut conn).unwrap();
+            let value = match kind.as_str() {
+                "string" => conn.get::<_, String>(&name).unwrap(),
+                "hash" => {
+                    let fields: std::collections::BTreeMap<String, String> =
+                        conn.hgetall(&name).unwrap();
+                    format!("{fields:?}")
+                }
+                other => panic!("{name}: unexpected type {other}"),
+            };
+            let pttl: i64 = redis::cmd("PTTL").arg(&name).query(&mut conn).unwrap();
+            (name[prefix.len()..].to_owned(), value, pttl)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones_do() {
+    let server = RedisServer::start();
+    let three = NonZeroU32::new(3).unwrap();
+    let policies = [
+        Policy::gcra("gcra", per_minute(6), three),
+        Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+        Policy::leaky_bucket("leaky", per_minute(6), three),
+    ];
+    let mut states = Vec::new();
+    for batching in [false, true] {
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let prefix = format!("state-{batching}");
+        let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
+        let store = std::sync::Arc::new(
+            RedisStore::from_connection(conn)
+                .prefix(prefix.clone())
+                .clock(clock.clone())
+                .batching(batching)
+                .build()
+                .unwrap(),
+        );
+        for policy in &policies {
+            // Warm: scripts loaded, and a key that already holds state.
+            store.check(policy, &Key::new("k"), 1).await.unwrap();
+        }
+        // The next decisions roll "k"'s window over.
+        clock.advance(Duration::from_secs(61));
+        reset_stats(&server);
+        for policy in &policies {
+            let decisions: Vec<_> = (0..24)
+                .map(|i| {
+                    let (store, policy) = (store.clone(), policy.clone());
+                    // The first few go out alone; then "k" and a new caller,
+                    // first seen inside a batch, with mixed costs.
+                    let key = match i {
+                        0..4 => format!("alone{i}"),
+                        _ if i % 3 == 0 => "new".to_owned(),
+                        _ => "k".to_owned(),
+                    };
+                    tokio::spawn(
+                        async move { store.check(&policy, &Key::new(key), 1 + i % 2).await },
+                    )
+                })
+                .collect();
+            for d in decisions {
+                d.await.unwrap().unwrap();
+            }
+        }
+        let calls = command_calls(&server);
+        let scripts = calls.get("evalsha").copied().unwrap_or(0);
+        let reads =
+            calls.get("get").copied().unwrap_or(0) + calls.get("hmget").copied().unwrap_or(0);
+        if batching {
+            assert!(
+                scripts < 3 * 24,
+                "the decisions went out together: {calls:?}"
+            );
+            // Each call reads each of its keys at most once.
+            assert!(reads <= 3 * scripts, "{calls:?}");
+            assert!(reads < 3 * 24 / 2, "{calls:?}");
+        } else {
+            assert_eq!(scripts, 3 * 24, "{calls:?}");
+        }
+        states.push(key_states(&server, &prefix));
+    }
+    let (alone, batched) = (&states[0], &states[1]);
+    assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
+    // Six callers per policy, two keys each for the two-quota window.
+    assert_eq!(alone.len(), 6 + 6 + 2 * 6, "{alone:?}");
+    for (a, b) in alone.iter().zip(batched) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+        // Expiries are set from Redis's own clock, a few ms apart.
+        assert!(a.2 > 0 && (a.2 - b.2).abs() < 500, "{a:?} {b:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch() {
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let three = NonZeroU32::new(3).unwrap();
+    let policies = [
+        Policy::fixed_window("fixed", per_minute(100)),
+        Policy::gcra("gcra", per_minute(100), three),
+        Policy::sliding_window("window", per_minute(100)),
+        Policy::leaky_bucket("leaky", per_minute(100), three),
+    ];
+    for policy in &policies {
+        store.check(policy, &Key::new("warm"), 1).await.unwrap();
+        let name = format!(
+            "batch:{{{}|bad}}:{}:0",
+            policy.name(),
+            policy.strategy().as_str()
+        );
+        let _: () = server.conn().rpush(&name, "x").unwrap();
+        reset_stats(&server);
+        let decisions: Vec<_> = (0..21)
+            .map(|i| {
+                let (store, policy) = (store.clone(), policy.clone());
+                // The bad key in the middle, and a good one used twice.
+                let key = match i {
+                    10 => "bad".to_owned(),
+                    11 | 12 => "twice".to_owned(),
+                    _ => format!("good{i}"),
+                };
+                tokio::spawn(async move { store.check(&policy, &Key::new(key), 1).await })
+            })
+            .collect();
+        for (i, d) in decisions.into_iter().enumerate() {
+            let d = d.await.unwrap();
+            if i == 10 {
+                assert_eq!(
+                    d.unwrap_err().kind(),
+                    StoreErrorKind::Rejected,
+                    "{policy:?}"
+                );
+            } else {
+                assert!(d.unwrap().allowed, "{policy:?} {i}");
+            }
+        }
+        let calls = client_calls(&server);
+        assert!(
+            calls.get("evalsha").copied().unwrap_or(0) < 21,
+            "the decisions went out together: {calls:?}"
+        );
+        let len: u64 = server.conn().llen(&name).unwrap();
+        assert_eq!(len, 1, "{name} untouched");
+    }
+}
+
 #[tokio::test]
 async fn a_decision_that_fails_in_a_batch_fails_alone() {
     let server = RedisServer::start();

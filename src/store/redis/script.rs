@@ -54,8 +54,23 @@ impl LuaScript {
         Self::batch_with(
             name,
             &format!(
-                "{}{}",
+                "{}{}\nlocal function flush() end\n",
                 as_function("run", source),
+                include_str!("../../../lua/batch_decide.lua")
+            ),
+        )
+    }
+
+    /// [`batch_of`](Self::batch_of) for a script that only gets and sets
+    /// strings or hashes: its `redis` is `lua/batch_cache.lua`'s, so a key is
+    /// read and written once per call however many decisions use it.
+    pub(crate) fn batch_cached(name: &'static str, source: &str) -> Self {
+        Self::batch_with(
+            name,
+            &format!(
+                "{}\nlocal run\ndo\nlocal redis = cached\n{}run = inner\nend\n{}",
+                include_str!("../../../lua/batch_cache.lua"),
+                as_function("inner", source),
                 include_str!("../../../lua/batch_decide.lua")
             ),
         )
@@ -225,6 +240,8 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
                     "fixed_window_batch",
                     include_str!("../../../lua/fixed_window_batch.lua"),
                 ),
+                // Strings and hashes only: a write-back cache per call.
+                "gcra" | "sliding_window" | "leaky_bucket" => LuaScript::batch_cached(name, source),
                 _ => LuaScript::batch_of(name, source),
             };
             (sha, batch)
