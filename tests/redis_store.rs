@@ -446,7 +446,7 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
         Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
         Policy::leaky_bucket("leaky", per_minute(6), three),
     ];
-    let mut states = Vec::new();
+    let (mut states, mut decisions_seen) = (Vec::new(), Vec::new());
     for batching in [false, true] {
         let conn = redis::Client::open(server.url())
             .unwrap()
@@ -470,6 +470,7 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
         // The next decisions roll "k"'s window over.
         clock.advance(Duration::from_secs(61));
         reset_stats(&server);
+        let mut seen = Vec::new();
         for policy in &policies {
             let decisions: Vec<_> = (0..24)
                 .map(|i| {
@@ -487,7 +488,14 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
                 })
                 .collect();
             for d in decisions {
-                d.await.unwrap().unwrap();
+                let d = d.await.unwrap().unwrap();
+                seen.push((
+                    d.allowed,
+                    d.used,
+                    d.remaining,
+                    d.reset_at_micros,
+                    d.retry_after,
+                ));
             }
         }
         let calls = command_calls(&server);
@@ -506,7 +514,12 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
             assert_eq!(scripts, 3 * 24, "{calls:?}");
         }
         states.push(key_states(&server, &prefix));
+        decisions_seen.push(seen);
     }
+    // Decision by decision, in the order they were sent (a batch keeps it).
+    assert_eq!(decisions_seen[0], decisions_seen[1]);
+    let passes = decisions_seen[1].iter().filter(|d| d.0).count();
+    assert!((20..3 * 24).contains(&passes), "{passes} passes");
     let (alone, batched) = (&states[0], &states[1]);
     assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
     // Six callers per policy, two keys each for the two-quota window.

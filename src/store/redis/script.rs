@@ -54,7 +54,7 @@ impl LuaScript {
         Self::batch_with(
             name,
             &format!(
-                "{}{}\nlocal function flush() end\n",
+                "{}local function flush() end\nlocal function arg(value) return value end\n{}",
                 as_function("run", source),
                 include_str!("../../../lua/batch_decide.lua")
             ),
@@ -64,13 +64,24 @@ impl LuaScript {
     /// [`batch_of`](Self::batch_of) for a script that only gets and sets
     /// strings or hashes: its `redis` is `lua/batch_cache.lua`'s, so a key is
     /// read and written once per call however many decisions use it.
+    ///
+    /// The script's `int`, which formats a number for Redis, becomes the
+    /// identity: the cache keeps numbers and formats them alike when it
+    /// writes them back (see the file).
     pub(crate) fn batch_cached(name: &'static str, source: &str) -> Self {
+        const INT: &str = "\nlocal function int(x) return string.format('%.0f', x) end\n";
+        assert_eq!(
+            source.matches(INT).count(),
+            1,
+            "lua/{name}.lua must declare `int` once, as lua/batch_cache.lua expects"
+        );
+        let source = source.replacen(INT, "\nlocal function int(x) return x end\n", 1);
         Self::batch_with(
             name,
             &format!(
                 "{}\nlocal run\ndo\nlocal redis = cached\n{}run = inner\nend\n{}",
                 include_str!("../../../lua/batch_cache.lua"),
-                as_function("inner", source),
+                as_function("inner", &source),
                 include_str!("../../../lua/batch_decide.lua")
             ),
         )
@@ -240,8 +251,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
                     "fixed_window_batch",
                     include_str!("../../../lua/fixed_window_batch.lua"),
                 ),
+                "gcra" => {
+                    LuaScript::batch_with("gcra_batch", include_str!("../../../lua/gcra_batch.lua"))
+                }
                 // Strings and hashes only: a write-back cache per call.
-                "gcra" | "sliding_window" | "leaky_bucket" => LuaScript::batch_cached(name, source),
+                "sliding_window" | "leaky_bucket" => LuaScript::batch_cached(name, source),
                 _ => LuaScript::batch_of(name, source),
             };
             (sha, batch)
