@@ -1,5 +1,6 @@
 -- tollgate: GCRA, a token bucket kept as one timestamp, as in redis-cell.
--- Mirrors src/strategy/gcra.rs; change both together.
+-- Mirrors src/strategy/gcra.rs and lua/gcra_batch.lua mirrors it;
+-- change all three together.
 --
 -- Units are emitted every T µs (the quota's window / limit, rounded up by
 -- the caller so the rate is never above the quota); the bucket holds `burst`

@@ -1,5 +1,6 @@
 -- tollgate: leaky bucket that shapes traffic ("virtual scheduling").
--- Mirrors src/strategy/leaky_bucket.rs; change both together.
+-- Mirrors src/strategy/leaky_bucket.rs and lua/leaky_bucket_batch.lua mirrors it;
+-- change all three together.
 --
 -- The key holds the time the bucket empties (next_free). A request leaves at
 -- max(now, next_free) and pushes next_free on by cost intervals; it fits when

@@ -254,8 +254,12 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
                 "gcra" => {
                     LuaScript::batch_with("gcra_batch", include_str!("../../../lua/gcra_batch.lua"))
                 }
+                "leaky_bucket" => LuaScript::batch_with(
+                    "leaky_bucket_batch",
+                    include_str!("../../../lua/leaky_bucket_batch.lua"),
+                ),
                 // Strings and hashes only: a write-back cache per call.
-                "sliding_window" | "leaky_bucket" => LuaScript::batch_cached(name, source),
+                "sliding_window" => LuaScript::batch_cached(name, source),
                 _ => LuaScript::batch_of(name, source),
             };
             (sha, batch)
