@@ -254,8 +254,12 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
                 "gcra" => {
                     LuaScript::batch_with("gcra_batch", include_str!("../../../lua/gcra_batch.lua"))
                 }
+                "sliding_window" => LuaScript::batch_with(
+                    "sliding_window_batch",
+                    include_str!("../../../lua/sliding_window_batch.lua"),
+                ),
                 // Strings and hashes only: a write-back cache per call.
-                "sliding_window" | "leaky_bucket" => LuaScript::batch_cached(name, source),
+                "leaky_bucket" => LuaScript::batch_cached(name, source),
                 _ => LuaScript::batch_of(name, source),
             };
             (sha, batch)
