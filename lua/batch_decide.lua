@@ -1,8 +1,7 @@
 -- tollgate: the `decide` that lua/batch.lua calls for a strategy without its
 -- own: the store puts the decision script before this file as
 -- `run(KEYS, ARGV)`, and each decision runs it on its own keys and arguments,
--- exactly as it would run alone. The store puts `flush` and `arg` before
--- it: lua/batch_cache.lua's, or ones that do nothing.
+-- exactly as it would run alone. The store adds an empty `flush`.
 
 -- The tables of the decision before, reused when a decision repeats its
 -- keys and arguments (a flood of one caller): the scripts only read them.
@@ -15,7 +14,7 @@ local function decide(k, nk, a, na, now)
   end
   local keys, args = {}, {}
   for i = 1, nk do keys[i] = KEYS[k + i] end
-  for i = 1, na do args[i] = arg(ARGV[a + i]) end
+  for i = 1, na do args[i] = ARGV[a + i] end
   if now then args[1] = now end
   last_keys, last_args, last = keys, args, {k, nk, a, na, now}
   return run(keys, args)

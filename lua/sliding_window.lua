@@ -1,6 +1,7 @@
 -- tollgate: Cloudflare's sliding-window counter over one or more quotas,
 -- all-or-nothing. Mirrors src/strategy/sliding_window.rs line for line;
--- change both together.
+-- change both together. lua/sliding_window_batch.lua mirrors it for batches
+-- (each key read and written once per call): change that one with it too.
 --
 -- Fixed windows are aligned on the epoch. Each key keeps the count of the
 -- current window and of the previous one; the previous is weighted by how

@@ -444,8 +444,17 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
     let policies = [
         Policy::gcra("gcra", per_minute(6), three),
         Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+        // One quota: lua/sliding_window_batch.lua's path without tables.
+        Policy::sliding_window("one", per_minute(10)),
+        // Two quotas as full as each other in the first round (the 60 s
+        // one's previous window weighs 1, the 120 s one's current holds the
+        // same 1): a pass reports the first, the tie broken as alone.
+        Policy::sliding_window("tie", per_minute(10))
+            .and(Quota::new(10, Duration::from_secs(120)).unwrap()),
         Policy::leaky_bucket("leaky", per_minute(6), three),
     ];
+    let n = policies.len() as u64;
+    let rounds = [61, 31, 150, 125];
     let (mut states, mut decisions_seen) = (Vec::new(), Vec::new());
     for batching in [false, true] {
         let conn = redis::Client::open(server.url())
@@ -467,35 +476,42 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
             // Warm: scripts loaded, and a key that already holds state.
             store.check(policy, &Key::new("k"), 1).await.unwrap();
         }
-        // The next decisions roll "k"'s window over.
-        clock.advance(Duration::from_secs(61));
         reset_stats(&server);
         let mut seen = Vec::new();
-        for policy in &policies {
-            let decisions: Vec<_> = (0..24)
-                .map(|i| {
-                    let (store, policy) = (store.clone(), policy.clone());
-                    // The first few go out alone; then "k" and a new caller,
-                    // first seen inside a batch, with mixed costs.
-                    let key = match i {
-                        0..4 => format!("alone{i}"),
-                        _ if i % 3 == 0 => "new".to_owned(),
-                        _ => "k".to_owned(),
-                    };
-                    tokio::spawn(
-                        async move { store.check(&policy, &Key::new(key), 1 + i % 2).await },
-                    )
-                })
-                .collect();
-            for d in decisions {
-                let d = d.await.unwrap().unwrap();
-                seen.push((
-                    d.allowed,
-                    d.used,
-                    d.remaining,
-                    d.reset_at_micros,
-                    d.retry_after,
-                ));
+        // The rounds, at these seconds after the warm-up: the first rolls "k"'s
+        // window over; the second runs on a clock set back 30 s, before the
+        // windows the first one opened (a stored window later than now's
+        // stays current); the third, half-way into the window after, where
+        // the previous window, full, still weighs half; the last, set back
+        // to where it weighs more, so more is used than the limit.
+        for secs in rounds {
+            clock.set(1_800_000_000_000_000 + secs * 1_000_000);
+            for policy in &policies {
+                let decisions: Vec<_> = (0..24)
+                    .map(|i| {
+                        let (store, policy) = (store.clone(), policy.clone());
+                        // The first few go out alone; then "k" and a new caller,
+                        // first seen inside a batch, with mixed costs: a look
+                        // (0) and one no quota can ever take among them.
+                        let key = match i {
+                            0..4 => format!("alone{i}"),
+                            _ if i % 3 == 0 => "new".to_owned(),
+                            _ => "k".to_owned(),
+                        };
+                        let cost = match i {
+                            7 => 0,
+                            8 => 11,
+                            _ => 1 + i % 2,
+                        };
+                        tokio::spawn(
+                            async move { store.check(&policy, &Key::new(key), cost).await },
+                        )
+                    })
+                    .collect();
+                for d in decisions {
+                    // Every field: the reported quota and the refund stamps too.
+                    seen.push(d.await.unwrap().unwrap());
+                }
             }
         }
         let calls = command_calls(&server);
@@ -504,26 +520,29 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
             calls.get("get").copied().unwrap_or(0) + calls.get("hmget").copied().unwrap_or(0);
         if batching {
             assert!(
-                scripts < 3 * 24,
+                scripts < rounds.len() as u64 * n * 24,
                 "the decisions went out together: {calls:?}"
             );
             // Each call reads each of its keys at most once.
             assert!(reads <= 3 * scripts, "{calls:?}");
-            assert!(reads < 3 * 24 / 2, "{calls:?}");
+            assert!(reads < rounds.len() as u64 * n * 24 / 2, "{calls:?}");
         } else {
-            assert_eq!(scripts, 3 * 24, "{calls:?}");
+            assert_eq!(scripts, rounds.len() as u64 * n * 24, "{calls:?}");
         }
         states.push(key_states(&server, &prefix));
         decisions_seen.push(seen);
     }
     // Decision by decision, in the order they were sent (a batch keeps it).
     assert_eq!(decisions_seen[0], decisions_seen[1]);
-    let passes = decisions_seen[1].iter().filter(|d| d.0).count();
-    assert!((20..3 * 24).contains(&passes), "{passes} passes");
+    let passes = decisions_seen[1].iter().filter(|d| d.allowed).count();
+    assert!(
+        (60..rounds.len() * policies.len() * 24).contains(&passes),
+        "{passes} passes"
+    );
     let (alone, batched) = (&states[0], &states[1]);
     assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
-    // Six callers per policy, two keys each for the two-quota window.
-    assert_eq!(alone.len(), 6 + 6 + 2 * 6, "{alone:?}");
+    // Six callers per policy, two keys each for the two-quota windows.
+    assert_eq!(alone.len(), 6 * (1 + 2 + 1 + 2 + 1), "{alone:?}");
     for (a, b) in alone.iter().zip(batched) {
         assert_eq!((&a.0, &a.1), (&b.0, &b.1));
         // Expiries are set from Redis's own clock, a few ms apart.

@@ -54,34 +54,8 @@ impl LuaScript {
         Self::batch_with(
             name,
             &format!(
-                "{}local function flush() end\nlocal function arg(value) return value end\n{}",
+                "{}local function flush() end\n{}",
                 as_function("run", source),
-                include_str!("../../../lua/batch_decide.lua")
-            ),
-        )
-    }
-
-    /// [`batch_of`](Self::batch_of) for a script that only gets and sets
-    /// strings or hashes: its `redis` is `lua/batch_cache.lua`'s, so a key is
-    /// read and written once per call however many decisions use it.
-    ///
-    /// The script's `int`, which formats a number for Redis, becomes the
-    /// identity: the cache keeps numbers and formats them alike when it
-    /// writes them back (see the file).
-    pub(crate) fn batch_cached(name: &'static str, source: &str) -> Self {
-        const INT: &str = "\nlocal function int(x) return string.format('%.0f', x) end\n";
-        assert_eq!(
-            source.matches(INT).count(),
-            1,
-            "lua/{name}.lua must declare `int` once, as lua/batch_cache.lua expects"
-        );
-        let source = source.replacen(INT, "\nlocal function int(x) return x end\n", 1);
-        Self::batch_with(
-            name,
-            &format!(
-                "{}\nlocal run\ndo\nlocal redis = cached\n{}run = inner\nend\n{}",
-                include_str!("../../../lua/batch_cache.lua"),
-                as_function("inner", &source),
                 include_str!("../../../lua/batch_decide.lua")
             ),
         )
@@ -246,7 +220,8 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         .map(|&(name, source)| {
             let sha = LuaScript::decision(name, source).sha;
             let batch = match name {
-                // Reads and writes each key once per call, not per decision.
+                // Their own batches read and write each key once per call,
+                // not per decision; the others run each decision's script.
                 "fixed_window" => LuaScript::batch_with(
                     "fixed_window_batch",
                     include_str!("../../../lua/fixed_window_batch.lua"),
@@ -258,8 +233,10 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
                     "leaky_bucket_batch",
                     include_str!("../../../lua/leaky_bucket_batch.lua"),
                 ),
-                // Strings and hashes only: a write-back cache per call.
-                "sliding_window" => LuaScript::batch_cached(name, source),
+                "sliding_window" => LuaScript::batch_with(
+                    "sliding_window_batch",
+                    include_str!("../../../lua/sliding_window_batch.lua"),
+                ),
                 _ => LuaScript::batch_of(name, source),
             };
             (sha, batch)
