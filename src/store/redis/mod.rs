@@ -218,11 +218,16 @@ impl RedisStoreBuilder {
 impl RedisStore {
     /// Connects to `url` with a [`ConnectionManager`], which reconnects in
     /// the background when Redis restarts, and fails fast while it is gone.
+    ///
+    /// Without redis-rs's response timeout: the layer's deadline already
+    /// bounds every call the store makes for a request, and a second timer
+    /// per call would cost each lone decision a wake-up of the runtime (a
+    /// timeout does not make redis-rs reconnect either way).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let client = connection::client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(None)
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let manager = ConnectionManager::new_with_config(client, config).await?;
