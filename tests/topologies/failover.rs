@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::load::{app, Load, Outcome, Report};
+use crate::load::{app, Load, Report};
 use crate::support::redis::{unique_prefix, RedisCluster};
 use crate::{client_calls, HEAVY};
 use tollgate::{Key, Policy, Quota, RedisStore, Store, DEFAULT_DEADLINE};
@@ -93,7 +93,10 @@ pub async fn under_load(
     let resumed = load
         .wait_for_redis_decisions(500, Duration::from_secs(15))
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A machine starved by the other topology tests can miss a deadline
+    // after the switch, and the cooldown then decides locally for a while:
+    // wait for that to end, not a fixed time.
+    let settled = load.wait_for_redis_tail(100, Duration::from_secs(15)).await;
     let report = load.stop().await;
 
     let (mut lost, mut extra, mut local_passes) = (0, 0, 0);
@@ -129,12 +132,11 @@ pub async fn under_load(
         "[{name}] a request hung: {}",
         cost.report.summary()
     );
-    // After the switch, the last requests were Redis's again.
-    let tail = &cost.report.samples[cost.report.samples.len().saturating_sub(100)..];
+    // After the switch, the requests were Redis's again.
     assert!(
-        tail.iter()
-            .all(|s| matches!(s.outcome, Outcome::Redis { .. })),
-        "[{name}] still falling back at the end"
+        settled,
+        "[{name}] still falling back 15 s after the switch: {}",
+        cost.report.summary()
     );
     cost
 }

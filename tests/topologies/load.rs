@@ -176,6 +176,27 @@ impl Load {
         false
     }
 
+    /// Waits until the last `n` requests were all decided by Redis, or
+    /// `limit` passed; true if they were.
+    pub async fn wait_for_redis_tail(&self, n: usize, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            {
+                let samples = self.samples.lock().unwrap();
+                let tail = &samples[samples.len().saturating_sub(n)..];
+                if tail.len() == n
+                    && tail
+                        .iter()
+                        .all(|s| matches!(s.outcome, Outcome::Redis { .. }))
+                {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     /// Stops the workers and returns every sample.
     pub async fn stop(self) -> Report {
         self.stop.store(true, Ordering::Relaxed);
