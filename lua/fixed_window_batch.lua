@@ -9,22 +9,7 @@
 -- Nothing else can run in between, so the result is the same.
 --
 -- Each decision's keys and arguments are lua/fixed_window.lua's.
-
-local function int(x) return string.format('%.0f', x) end
-
--- A flood sends the same few numbers over and over, and Redis's Lua turns
--- strings into numbers with strtod and numbers into strings with sprintf,
--- each some 1,500 instructions: a call converts each value once.
-local numbers = {}
-
-local function num(arg)
-  local n = numbers[arg]
-  if n == nil then
-    n = tonumber(arg)
-    numbers[arg] = n
-  end
-  return n
-end
+-- `num` and `int` come from lua/batch_prelude.lua.
 
 local state, order = {}, {}
 

@@ -11,18 +11,7 @@
 -- number conversion per decision.
 --
 -- Each decision's keys and arguments are lua/gcra.lua's.
-
-local numbers = {}
-
--- ARGV strings as numbers, each converted once per call.
-local function num(arg)
-  local n = numbers[arg]
-  if n == nil then
-    n = tonumber(arg)
-    numbers[arg] = n
-  end
-  return n
-end
+-- `num` and `int` come from lua/batch_prelude.lua.
 
 -- floor(a / b) for integers below 2^53 (see lua/gcra.lua).
 local function idiv(a, b)
@@ -68,7 +57,7 @@ local function flush()
   for _, key in ipairs(order) do
     local s = state[key]
     if s.px then
-      redis.call('SET', key, string.format('%.0f', s.tat), 'PX', string.format('%.0f', s.px))
+      redis.call('SET', key, int(s.tat), 'PX', int(s.px))
     end
   end
 end

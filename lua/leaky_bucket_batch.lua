@@ -10,18 +10,7 @@
 -- or number conversion per decision.
 --
 -- Each decision's keys and arguments are lua/leaky_bucket.lua's.
-
-local numbers = {}
-
--- ARGV strings as numbers, each converted once per call.
-local function num(arg)
-  local n = numbers[arg]
-  if n == nil then
-    n = tonumber(arg)
-    numbers[arg] = n
-  end
-  return n
-end
+-- `num` and `int` come from lua/batch_prelude.lua.
 
 -- ceil(a / b) for non-negative integers below 2^53 (see lua/leaky_bucket.lua).
 local function ceil_div(a, b)
@@ -67,7 +56,7 @@ local function flush()
   for _, key in ipairs(order) do
     local s = state[key]
     if s.px then
-      redis.call('SET', key, string.format('%.0f', s.free_at), 'PX', string.format('%.0f', s.px))
+      redis.call('SET', key, int(s.free_at), 'PX', int(s.px))
     end
   end
 end

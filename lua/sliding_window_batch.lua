@@ -21,22 +21,7 @@
 -- added to it.
 --
 -- Each decision's keys and arguments are lua/sliding_window.lua's.
-
-local function int(x) return string.format('%.0f', x) end
-
--- A flood sends the same few numbers over and over, and Redis's Lua turns
--- strings into numbers with strtod, some 1,500 instructions: a call
--- converts each value once.
-local numbers = {}
-
-local function num(arg)
-  local n = numbers[arg]
-  if n == nil then
-    n = tonumber(arg)
-    numbers[arg] = n
-  end
-  return n
-end
+-- `num` and `int` come from lua/batch_prelude.lua.
 
 -- Per key, what Redis would hold after the call's decisions so far: s (nil
 -- while the key has none), c, p; `added`, what the call's HINCRBYs would

@@ -605,43 +605,6 @@ async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch(
 }
 
 #[tokio::test]
-async fn a_decision_that_fails_in_a_batch_fails_alone() {
-    let server = RedisServer::start();
-    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy = Policy::fixed_window("core", per_minute(10));
-    store.check(&policy, &Key::new("warm"), 1).await.unwrap();
-    let _: () = server
-        .conn()
-        .set_ex("batch:{core|bad}:fixed_window:0", "x", 60)
-        .unwrap();
-    reset_stats(&server);
-    let decisions: Vec<_> = (0..21)
-        .map(|i| {
-            let (store, policy) = (store.clone(), policy.clone());
-            let key = if i == 10 {
-                "bad".to_owned()
-            } else {
-                format!("good{i}")
-            };
-            tokio::spawn(async move { store.check(&policy, &Key::new(key), 1).await })
-        })
-        .collect();
-    for (i, d) in decisions.into_iter().enumerate() {
-        let d = d.await.unwrap();
-        if i == 10 {
-            assert_eq!(d.unwrap_err().kind(), StoreErrorKind::Rejected);
-        } else {
-            assert!(d.unwrap().allowed, "{i}");
-        }
-    }
-    let calls = client_calls(&server);
-    assert!(
-        calls.get("evalsha").copied().unwrap_or(0) < 21,
-        "the decisions went out together: {calls:?}"
-    );
-}
-
-#[tokio::test]
 async fn script_flush_is_recovered_without_a_failed_decision() {
     let server = RedisServer::start();
     let store = store_on(&server.url(), "flush").await;

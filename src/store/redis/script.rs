@@ -62,12 +62,14 @@ impl LuaScript {
     }
 
     /// `lua/batch.lua` after `decide_and_flush`, a strategy's own batch
-    /// functions `decide(keys, args)` and `flush()`.
+    /// functions `decide(keys, args)` and `flush()`, which may use the
+    /// helpers of `lua/batch_prelude.lua`.
     pub(crate) fn batch_with(name: &'static str, decide_and_flush: &str) -> Self {
         Self::new(
             name,
             format!(
-                "{decide_and_flush}\n{}",
+                "{}\n{decide_and_flush}\n{}",
+                include_str!("../../../lua/batch_prelude.lua"),
                 include_str!("../../../lua/batch.lua")
             ),
         )
