@@ -11,7 +11,7 @@
 -- number conversion per decision.
 --
 -- Each decision's keys and arguments are lua/gcra.lua's.
--- `num` and `int` come from lua/batch_prelude.lua.
+-- `num`, `kept` and `write_back` come from lua/batch_prelude.lua.
 
 -- floor(a / b) for integers below 2^53 (see lua/gcra.lua).
 local function idiv(a, b)
@@ -20,23 +20,15 @@ local function idiv(a, b)
   return q
 end
 
-local state, order = {}, {}
-
 -- One decision: KEYS[k + 1], arguments ARGV[a + 1 ..] (see lua/batch.lua),
 -- `now` from Redis TIME or nil.
 local function decide(k, _, a, _, now)
   now = now or num(ARGV[a + 1])
   local cost, t, limit = num(ARGV[a + 2]), num(ARGV[a + 3]), num(ARGV[a + 4])
-  local key = KEYS[k + 1]
-  local s = state[key]
-  if s == nil then
-    s = {tat = tonumber(redis.call('GET', key))}
-    state[key] = s
-    order[#order + 1] = key
-  end
+  local s = kept(KEYS[k + 1])
   local tolerance = t * limit
   local start = now
-  if s.tat and s.tat > now then start = s.tat end
+  if s.value and s.value > now then start = s.value end
   local used_now = limit - idiv(math.max(tolerance - (start - now), 0), t)
   if cost > limit then
     return struct.pack('>Blllllll', 7, 0, limit, used_now, start, math.max(start - now, t), now, 0)
@@ -46,18 +38,11 @@ local function decide(k, _, a, _, now)
     return struct.pack('>Blllllll', 7, 0, limit, used_now, start, next - tolerance - now, now, 0)
   end
   if cost > 0 then
-    s.tat, s.px = next, math.ceil((next - now) / 1000) + 1000
+    s.value, s.px = next, math.ceil((next - now) / 1000) + 1000
   end
   local left = idiv(math.max(tolerance - (next - now), 0), t)
   return struct.pack('>Bllllllll', 8, 1, limit, limit - left, next, -1, now, 0, next)
 end
 
 -- Writes back each TAT a pass moved, with the last pass's expiry.
-local function flush()
-  for _, key in ipairs(order) do
-    local s = state[key]
-    if s.px then
-      redis.call('SET', key, int(s.tat), 'PX', int(s.px))
-    end
-  end
-end
+local flush = write_back

@@ -10,7 +10,7 @@
 -- or number conversion per decision.
 --
 -- Each decision's keys and arguments are lua/leaky_bucket.lua's.
--- `num` and `int` come from lua/batch_prelude.lua.
+-- `num`, `kept` and `write_back` come from lua/batch_prelude.lua.
 
 -- ceil(a / b) for non-negative integers below 2^53 (see lua/leaky_bucket.lua).
 local function ceil_div(a, b)
@@ -20,21 +20,13 @@ local function ceil_div(a, b)
   return q
 end
 
-local state, order = {}, {}
-
 -- One decision: KEYS[k + 1], arguments ARGV[a + 1 ..] (see lua/batch.lua),
 -- `now` from Redis TIME or nil.
 local function decide(k, _, a, _, now)
   now = now or num(ARGV[a + 1])
   local cost, capacity, interval = num(ARGV[a + 2]), num(ARGV[a + 3]), num(ARGV[a + 4])
-  local key = KEYS[k + 1]
-  local s = state[key]
-  if s == nil then
-    s = {free_at = tonumber(redis.call('GET', key))}
-    state[key] = s
-    order[#order + 1] = key
-  end
-  local free_at = s.free_at
+  local s = kept(KEYS[k + 1])
+  local free_at = s.value
   if not free_at or free_at <= now then free_at = now end
   local level = free_at - now
   local full = capacity * interval
@@ -45,18 +37,11 @@ local function decide(k, _, a, _, now)
   end
   local finish = free_at + cost * interval
   if cost > 0 then
-    s.free_at, s.px = finish, math.ceil((finish - now) / 1000) + 1000
+    s.value, s.px = finish, math.ceil((finish - now) / 1000) + 1000
   end
   return struct.pack('>Blllllllll', 9, 1, capacity, ceil_div(after, interval), finish, -1, now, 0,
     finish, level)
 end
 
 -- Writes back each next_free a pass moved, with the last pass's expiry.
-local function flush()
-  for _, key in ipairs(order) do
-    local s = state[key]
-    if s.px then
-      redis.call('SET', key, int(s.free_at), 'PX', int(s.px))
-    end
-  end
-end
+local flush = write_back
