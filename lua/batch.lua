@@ -17,10 +17,11 @@
 -- decision before (a flood of one caller), else its key count, its argument
 -- count (-1: the arguments of the decision before, sent once) and arguments.
 --
--- Reply: one string, each decision's reply packed after the one before: a
--- byte n (1 to 255) and the n integers its script returns alone, 8-byte
--- big-endian; or, if it failed, a zero byte, the message's length (2 bytes,
--- big-endian) and the message, its code first (e.g. `WRONGTYPE ...`); the
+-- Reply: one string, each decision's reply packed after the one before: n
+-- (2 bytes, big-endian, at least 1) and the n integers its script returns
+-- alone, 8-byte big-endian; or, if it failed, a zero (2 bytes), the
+-- message's length (2 bytes) and the message, its code first (e.g.
+-- `WRONGTYPE ...`); the
 -- other decisions still count. One string, not an array of arrays, because
 -- Redis and the client then convert and parse one value per call instead of
 -- some eight per decision, and an error reply would fail the whole call in
@@ -37,7 +38,7 @@ local function packed(reply)
   local n = #reply
   local f = formats[n]
   if f == nil then
-    f = '>B' .. string.rep('l', n)
+    f = '>H' .. string.rep('l', n)
     formats[n] = f
   end
   return struct.pack(f, n, unpack(reply))
@@ -75,7 +76,7 @@ for c = 1, tonumber(ARGV[1]) do
   else
     local message = type(reply) == 'table' and reply.err or tostring(reply)
     message = string.sub(message, 1, 65535)
-    out[c] = struct.pack('>BHc0', 0, #message, message)
+    out[c] = struct.pack('>HHc0', 0, #message, message)
   end
 end
 flush()

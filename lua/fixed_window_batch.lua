@@ -41,10 +41,10 @@ local function decide(k, n, a, _, now)
     local limit = num(ARGV[a + 3])
     local s = window_of(KEYS[k + 1], now, num(ARGV[a + 4]))
     if s.c + cost > limit then
-      return struct.pack('>Blllllll', 7, 0, limit, math.min(s.c, limit), s.r, s.r - now, now, 0)
+      return struct.pack('>Hlllllll', 7, 0, limit, math.min(s.c, limit), s.r, s.r - now, now, 0)
     end
     s.c, s.added = s.c + cost, s.added + cost
-    return struct.pack('>Bllllllll', 8, 1, limit, s.c, s.r, -1, now, 0, s.r)
+    return struct.pack('>Hllllllll', 8, 1, limit, s.c, s.r, -1, now, 0, s.r)
   end
   local s, limit = {}, {}
   for i = 1, n do

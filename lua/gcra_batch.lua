@@ -31,17 +31,17 @@ local function decide(k, _, a, _, now)
   if s.value and s.value > now then start = s.value end
   local used_now = limit - idiv(math.max(tolerance - (start - now), 0), t)
   if cost > limit then
-    return struct.pack('>Blllllll', 7, 0, limit, used_now, start, math.max(start - now, t), now, 0)
+    return struct.pack('>Hlllllll', 7, 0, limit, used_now, start, math.max(start - now, t), now, 0)
   end
   local next = start + cost * t
   if next - now > tolerance then
-    return struct.pack('>Blllllll', 7, 0, limit, used_now, start, next - tolerance - now, now, 0)
+    return struct.pack('>Hlllllll', 7, 0, limit, used_now, start, next - tolerance - now, now, 0)
   end
   if cost > 0 then
     s.value, s.px = next, math.ceil((next - now) / 1000) + 1000
   end
   local left = idiv(math.max(tolerance - (next - now), 0), t)
-  return struct.pack('>Bllllllll', 8, 1, limit, limit - left, next, -1, now, 0, next)
+  return struct.pack('>Hllllllll', 8, 1, limit, limit - left, next, -1, now, 0, next)
 end
 
 -- Writes back each TAT a pass moved, with the last pass's expiry.

@@ -33,13 +33,13 @@ local function decide(k, _, a, _, now)
   local after = level + cost * interval
   if after > full then
     local used = math.min(ceil_div(level, interval), capacity)
-    return struct.pack('>Blllllll', 7, 0, capacity, used, free_at, after - full, now, 0)
+    return struct.pack('>Hlllllll', 7, 0, capacity, used, free_at, after - full, now, 0)
   end
   local finish = free_at + cost * interval
   if cost > 0 then
     s.value, s.px = finish, math.ceil((finish - now) / 1000) + 1000
   end
-  return struct.pack('>Blllllllll', 9, 1, capacity, ceil_div(after, interval), finish, -1, now, 0,
+  return struct.pack('>Hlllllllll', 9, 1, capacity, ceil_div(after, interval), finish, -1, now, 0,
     finish, level)
 end
 

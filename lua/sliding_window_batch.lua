@@ -124,14 +124,14 @@ local function decide(k, n, a, _, now)
     local st = key_state(KEYS[k + 1])
     local start, cur, prev, same, used, fits, fits_at = quota(st, now, cost, limit, w)
     if not fits then
-      return struct.pack('>Blllllll', 7, 0, limit, math.min(used, limit),
+      return struct.pack('>Hlllllll', 7, 0, limit, math.min(used, limit),
         reset(cur, prev, start, w, now), fits_at - now, now, 0)
     end
     if cost > 0 then
       cur = cur + cost
       charge(st, same, start, cur, prev, w, now, cost)
     end
-    return struct.pack('>Bllllllll', 8, 1, limit, used + cost, reset(cur, prev, start, w, now),
+    return struct.pack('>Hllllllll', 8, 1, limit, used + cost, reset(cur, prev, start, w, now),
       -1, now, 0, start)
   end
   -- Every quota is judged on the state before this decision's writes, as the

@@ -551,6 +551,36 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
 }
 
 #[tokio::test]
+async fn a_policy_of_three_hundred_quotas_decides_in_a_batch_as_alone() {
+    // A pass replies with 307 integers: more than a byte can count.
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = (1..300).fold(Policy::fixed_window("many", per_minute(5)), |p, i| {
+        p.and(per_minute(5 + i))
+    });
+    store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+    reset_stats(&server);
+    let decisions: Vec<_> = (0..12)
+        .map(|_| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move { store.check(&policy, &Key::new("k"), 1).await })
+        })
+        .collect();
+    let mut used = Vec::new();
+    for d in decisions {
+        let d = d.await.unwrap().unwrap();
+        assert_eq!(d.allowed, used.len() < 5, "{d:?}");
+        if d.allowed {
+            assert_eq!(d.receipt.stamps().len(), 300);
+            used.push(d.used);
+        }
+    }
+    assert_eq!(used, [1, 2, 3, 4, 5]);
+    let calls = client_calls(&server);
+    assert!(calls.get("evalsha").copied().unwrap_or(0) < 12, "{calls:?}");
+}
+
+#[tokio::test]
 async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch() {
     let server = RedisServer::start();
     let store = std::sync::Arc::new(batching_store(&server.url(), true).await);

@@ -67,8 +67,8 @@ impl KeySpace {
     /// strategy never reads another algorithm's state.
     ///
     /// Each name is built in a string of its own, sized once: the Redis
-    /// store sends them as they are, so this allocates a vector and one
-    /// string per key, nothing else.
+    /// store sends them as they are, so this allocates one string per key
+    /// (the list itself is inline up to two), nothing else.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> KeyList {
         // The key can appear twice: in the tag, and in a consumer's name.
         let room = self.prefix.len() + policy.name().len() + 2 * key.as_str().len() + 40;

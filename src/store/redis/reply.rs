@@ -47,9 +47,12 @@ pub(crate) fn batch_entry(bytes: &[u8]) -> Result<(Result<Ints, StoreError>, &[u
             String::from_utf8_lossy(bytes)
         )
     };
-    let (&tag, rest) = bytes.split_first().ok_or_else(malformed)?;
-    if tag > 0 {
-        let len = usize::from(tag) * 8;
+    let (count, rest) = match bytes {
+        [hi, lo, rest @ ..] => (usize::from(u16::from_be_bytes([*hi, *lo])), rest),
+        _ => return Err(malformed()),
+    };
+    if count > 0 {
+        let len = count * 8;
         let words = rest.get(..len).ok_or_else(malformed)?;
         return Ok((Ok(integers_of(words)), &rest[len..]));
     }
@@ -132,13 +135,13 @@ mod tests {
     #[test]
     fn a_batch_reply_splits_into_each_decisions_integers_or_error() {
         let pack = |ints: &[i64]| {
-            let mut out = vec![ints.len() as u8];
+            let mut out = (ints.len() as u16).to_be_bytes().to_vec();
             out.extend(ints.iter().flat_map(|i| i.to_be_bytes()));
             out
         };
         let mut bytes = pack(&[1, 100, 3, 1_800_000_000_000_000, -1, 7, 0, i64::MAX]);
         let message = b"WRONGTYPE Operation against a key";
-        bytes.extend([0, 0, message.len() as u8]);
+        bytes.extend([0, 0, 0, message.len() as u8]);
         bytes.extend(message);
         bytes.extend(pack(&[i64::MIN]));
 
