@@ -1,5 +1,7 @@
 -- tollgate: GitHub-style fixed window over one or more quotas, all-or-nothing.
 -- Mirrors src/strategy/fixed_window.rs; change both together.
+-- lua/fixed_window_batch.lua mirrors it for batches (each key read and
+-- written once per call): change that one with it too.
 --
 -- The window's end (reset-at) is stored beside the counter and read back, so
 -- it never wobbles between requests. A stored end that is not after `now`
