@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::failover::under_load;
+use crate::failover::{counting_policy, under_load};
 use crate::support::redis::{unique_prefix, SentinelSet};
-use crate::{script_calls, Pair, HEAVY};
-use tollgate::{RedisStore, Store};
+use crate::{reset_stats, script_calls, Pair, HEAVY};
+use tollgate::{Key, RedisStore, Store};
 
 async fn sentinel_store(sentinels: &SentinelSet) -> Arc<dyn Store> {
     Arc::new(
@@ -40,31 +40,41 @@ async fn sentinel_failover_under_load() {
     // about a second later: whatever the old one takes meanwhile is thrown
     // away when it is demoted. No client can know earlier; `under_load`
     // measures and prints the loss.
-    let cost = under_load("sentinel: SENTINEL FAILOVER", store, callers(), || {
-        let _: () = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg(sentinels.master_name())
-            .query(&mut sentinels.sentinels()[0].conn())
-            .unwrap();
-        let new = sentinels.wait_for_new_master(pair.primary.port());
-        assert_eq!(new, pair.replica.port());
-    })
+    under_load(
+        "sentinel: SENTINEL FAILOVER",
+        store.clone(),
+        callers(),
+        || {
+            let _: () = redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(sentinels.master_name())
+                .query(&mut sentinels.sentinels()[0].conn())
+                .unwrap();
+            let new = sentinels.wait_for_new_master(pair.primary.port());
+            assert_eq!(new, pair.replica.port());
+        },
+    )
     .await;
     // The old primary stays writable until Sentinel demotes it, seconds
     // later; a store that kept writing there would have its charges thrown
-    // away. The decisions after the switch must reach the new primary.
-    let on_new: u64 = script_calls(&pair.replica).values().sum();
-    let after = cost
-        .report
-        .samples
-        .iter()
-        .filter(|s| s.at >= cost.healed_at)
-        .count();
-    println!(
-        "[sentinel: SENTINEL FAILOVER] {on_new} script calls on the new primary, \
-         {after} decisions after the sentinels named it"
+    // away. Once the store's watcher (every 250 ms) has seen the switch,
+    // every charge must reach the new primary and none the old.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    reset_stats(&pair.primary);
+    reset_stats(&pair.replica);
+    let policy = counting_policy();
+    for caller in callers() {
+        store.check(&policy, &Key::new(caller), 1).await.unwrap();
+    }
+    let charging = |server| {
+        let calls = script_calls(server);
+        calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0)
+    };
+    let (on_new, on_old) = (charging(&pair.replica), charging(&pair.primary));
+    assert!(
+        on_new > 0 && on_old == 0,
+        "charging calls after the switch: {on_new} on the new primary, {on_old} on the old"
     );
-    assert!(on_new * 2 >= after as u64, "{on_new} of {after}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
