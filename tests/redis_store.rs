@@ -283,16 +283,28 @@ async fn a_pre_check_alone_decides_a_rejection_and_never_writes() {
 }
 
 async fn batching_store(url: &str, batching: bool) -> RedisStore {
+    store_with(url, "batch", None, batching).await
+}
+
+/// A store on its own multiplexed connection, under `prefix`, on `clock`
+/// if given, batching or not.
+async fn store_with(
+    url: &str,
+    prefix: &str,
+    clock: Option<&tollgate::ManualClock>,
+    batching: bool,
+) -> RedisStore {
     let conn = redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    RedisStore::from_connection(conn)
-        .prefix("batch")
-        .batching(batching)
-        .build()
-        .unwrap()
+    let builder = RedisStore::from_connection(conn).prefix(prefix);
+    let builder = match clock {
+        Some(clock) => builder.clock(clock.clone()),
+        None => builder,
+    };
+    builder.batching(batching).build().unwrap()
 }
 
 #[tokio::test]
@@ -338,19 +350,9 @@ async fn every_strategy_decides_the_same_batched_or_alone() {
     let policies = one_policy_per_strategy();
     let mut outcomes = Vec::new();
     for batching in [false, true] {
-        let conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let store = std::sync::Arc::new(
-            RedisStore::from_connection(conn)
-                .prefix(format!("same-{batching}"))
-                .clock(clock.clone())
-                .batching(batching)
-                .build()
-                .unwrap(),
-        );
+        let prefix = format!("same-{batching}");
+        let store =
+            std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
         let mut seen = Vec::new();
         for policy in &policies {
             let decisions: Vec<_> = (0..20)
@@ -457,21 +459,10 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
     let rounds = [61, 31, 150, 125];
     let (mut states, mut decisions_seen) = (Vec::new(), Vec::new());
     for batching in [false, true] {
-        let conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
         let prefix = format!("state-{batching}");
         let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
-        let store = std::sync::Arc::new(
-            RedisStore::from_connection(conn)
-                .prefix(prefix.clone())
-                .clock(clock.clone())
-                .batching(batching)
-                .build()
-                .unwrap(),
-        );
+        let store =
+            std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
         for policy in &policies {
             // Warm: scripts loaded, and a key that already holds state.
             store.check(policy, &Key::new("k"), 1).await.unwrap();
