@@ -8,12 +8,13 @@
 //!   no limiter, with a limiter that passes, and with one that rejects; the
 //!   handler is the zoo's.
 //! - `redis_c1`, `redis_c64`: `RedisStore::check` over one multiplexed
-//!   connection with 1 and 64 decisions in flight, beside `bare_evalsha`: a
-//!   plain redis-rs client sending the same `EVALSHA` of
-//!   `lua/fixed_window.lua` as the store sends it (its reply packed by
-//!   `lua/packed.lua`) with the same arguments through the same kind of
-//!   connection, so the store's own cost shows as a ratio measured in the
-//!   same run. Both decide for one caller (one key).
+//!   connection with 1 and 64 decisions in flight, each strategy beside
+//!   `bare/<strategy>`: a plain redis-rs client sending, through the same
+//!   kind of connection, the very commands the store sends for one decision
+//!   alone (read back from Redis's SLOWLOG: the strategy's script by
+//!   `EVALSHA` with the same arguments, and a concurrency slot's release),
+//!   so the store's own cost shows as a ratio measured in the same run. Both
+//!   decide for one caller (one key each).
 //! - `redis_c64_crowd`: the same at 64 in flight for 10,000 callers taking
 //!   turns, fixed window only, where batching cannot lean on one key.
 //!
@@ -307,71 +308,36 @@ fn redis(c: &mut Criterion) {
         .build()
         .unwrap();
 
-    // The bare client's script, the one the store sends: lua/fixed_window.lua
-    // with its reply packed by lua/packed.lua (src/store/redis/script.rs).
-    // One fixed-window decision by the store first, so Redis holds the
-    // store's script: the bare client's SHA must be among it, or the two
-    // would not be running the same script.
-    let source = format!(
-        "local function decide(KEYS, ARGV)\n{}\nend\n{}",
-        include_str!("../lua/fixed_window.lua"),
-        include_str!("../lua/packed.lua")
-    );
-    let fixed_window = Policy::fixed_window("same-script", roomy());
-    rt.block_on(store.check(&fixed_window, &Key::new("same-script"), 1))
-        .unwrap();
-    let loaded: Vec<i64> = rt
-        .block_on(
-            redis::cmd("SCRIPT")
-                .arg("EXISTS")
-                .arg(redis::Script::new(&source).get_hash())
-                .query_async(&mut conn.clone()),
-        )
-        .unwrap();
-    assert_eq!(
-        loaded,
-        [1],
-        "the bare client's script differs from the store's"
-    );
-    let sha: String = rt
-        .block_on(
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&source)
-                .query_async(&mut conn.clone()),
-        )
-        .unwrap();
-    let bare_key = "tollgate-bench:{bare|127.0.0.1}:fixed_window:0".to_owned();
     let quota = roomy();
-    let window_micros = quota.window().as_micros().to_string();
-    let bare_for = |conn: &redis::aio::MultiplexedConnection, key: &str| {
-        let mut conn = conn.clone();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&sha)
-            .arg(1)
-            .arg(key)
-            .arg(-1)
-            .arg(1)
-            .arg(quota.limit())
-            .arg(&window_micros);
-        async move {
-            let reply: redis::Value = cmd.query_async(&mut conn).await.unwrap();
-            black_box(reply);
-        }
-    };
-    let bare = |conn: &redis::aio::MultiplexedConnection| bare_for(conn, &bare_key);
     let policies = lineup::lineup(quota);
     let key = Key::new("127.0.0.1");
+    // The bare client replays what the store sends for a decision, on keys
+    // of its own (another prefix), so the two never share a counter.
+    let capturing = RedisStore::from_connection(conn.clone())
+        .prefix("tollgate-bare")
+        .build()
+        .unwrap();
+    let replays: Vec<Replay> = policies
+        .iter()
+        .map(|policy| rt.block_on(Replay::capture(&conn, &capturing, policy, &key)))
+        .collect();
+    let fresh = std::cell::Cell::new(1u64);
+    let next_id = || {
+        let id = fresh.get();
+        fresh.set(id + 1);
+        id
+    };
 
     for (group_name, window) in [("redis_c1", 1), ("redis_c64", IN_FLIGHT)] {
         let mut group = c.benchmark_group(group_name);
         group.throughput(Throughput::Elements(1));
-        group.bench_function("bare_evalsha", |b| {
-            sampled(b, format!("{group_name}/bare_evalsha"), |iters| {
-                rt.block_on(windowed(iters, window, || bare(&conn)))
-            })
-        });
-        for policy in &policies {
+        for (policy, replay) in policies.iter().zip(&replays) {
+            let bare = format!("bare/{}", policy.name());
+            group.bench_function(&bare, |b| {
+                sampled(b, format!("{group_name}/{bare}"), |iters| {
+                    rt.block_on(windowed(iters, window, || replay.send(&conn, next_id())))
+                })
+            });
             group.bench_function(policy.name(), |b| {
                 sampled(b, format!("{group_name}/{}", policy.name()), |iters| {
                     rt.block_on(windowed(iters, window, || passes(&store, policy, &key)))
@@ -384,19 +350,14 @@ fn redis(c: &mut Criterion) {
     // A crowd: 64 in flight again, the callers taking turns, so no two
     // decisions in a row share a key and the batch's shortcuts for one
     // caller's flood (a repeated decision sent as `=`, one read and write of
-    // the key per batch) never fire. Fixed window only: the bare client runs
-    // its script.
-    let callers: Vec<Key> = (0..CROWD)
-        .map(|i| Key::new(format!("10.0.{}.{}", i / 256, i % 256)))
-        .collect();
-    let bare_keys: Vec<String> = (0..CROWD)
-        .map(|i| {
-            format!(
-                "tollgate-bench:{{bare|10.0.{}.{}}}:fixed_window:0",
-                i / 256,
-                i % 256
-            )
-        })
+    // the key per batch) never fire. Fixed window only.
+    let name = |i: usize| format!("10.0.{}.{}", i / 256, i % 256);
+    let callers: Vec<Key> = (0..CROWD).map(|i| Key::new(name(i))).collect();
+    let fixed_window = &policies[0];
+    let stand_in = Key::new("crowd-caller");
+    let crowd_replay = rt.block_on(Replay::capture(&conn, &capturing, fixed_window, &stand_in));
+    let bare_callers: Vec<Replay> = (0..CROWD)
+        .map(|i| crowd_replay.for_caller(stand_in.as_str(), &name(i)))
         .collect();
     let turn = std::cell::Cell::new(0usize);
     let next = || {
@@ -406,14 +367,14 @@ fn redis(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("redis_c64_crowd");
     group.throughput(Throughput::Elements(1));
-    group.bench_function("bare_evalsha", |b| {
-        sampled(b, "redis_c64_crowd/bare_evalsha".to_owned(), |iters| {
+    let bare = format!("bare/{}", fixed_window.name());
+    group.bench_function(&bare, |b| {
+        sampled(b, format!("redis_c64_crowd/{bare}"), |iters| {
             rt.block_on(windowed(iters, IN_FLIGHT, || {
-                bare_for(&conn, &bare_keys[next()])
+                bare_callers[next()].send(&conn, next_id())
             }))
         })
     });
-    let fixed_window = &policies[0];
     group.bench_function(fixed_window.name(), |b| {
         sampled(
             b,
@@ -426,6 +387,173 @@ fn redis(c: &mut Criterion) {
         )
     });
     group.finish();
+}
+
+/// The commands one decision by the store sends Redis (a check, and for a
+/// concurrency slot its release), read back from Redis's SLOWLOG while it
+/// logs every command, so the bare client sends the same scripts with the
+/// same arguments as the store, by construction. Request ids (the sliding
+/// log's, the concurrency limit's) are the values that differ between two
+/// captured decisions: each replay gets a fresh one, the same wherever one
+/// id appears (a check and its release).
+struct Replay {
+    /// Each command's words: name, SHA, key count, keys, arguments.
+    commands: Vec<Vec<Vec<u8>>>,
+    /// (command, word) that carries a request id, and which of the ids.
+    ids: Vec<(usize, usize, u64)>,
+    /// How many distinct ids one decision carries.
+    distinct: u64,
+}
+
+/// The commands, one per line, each request id shown as `<id N>`.
+impl std::fmt::Display for Replay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, words) in self.commands.iter().enumerate() {
+            for (j, word) in words.iter().enumerate() {
+                match self.ids.iter().find(|&&(c, w, _)| (c, w) == (i, j)) {
+                    Some((_, _, which)) => write!(f, " <id {which}>")?,
+                    None => write!(f, " {}", String::from_utf8_lossy(word))?,
+                }
+            }
+            write!(f, ";")?;
+        }
+        Ok(())
+    }
+}
+
+impl Replay {
+    async fn capture(
+        conn: &redis::aio::MultiplexedConnection,
+        store: &RedisStore,
+        policy: &Policy,
+        key: &Key,
+    ) -> Replay {
+        let mut admin = conn.clone();
+        // Once unlogged, so the scripts are loaded and EVALSHA is what the
+        // store sends from then on.
+        passes(store, policy, key).await;
+        let (_, threshold): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("slowlog-log-slower-than")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let set_threshold = |value: &str| {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("SET").arg("slowlog-log-slower-than").arg(value);
+            cmd
+        };
+        let () = set_threshold("0").query_async(&mut admin).await.unwrap();
+        let () = redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        passes(store, policy, key).await;
+        passes(store, policy, key).await;
+        let () = set_threshold(&threshold)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        type Entry = (i64, i64, i64, Vec<Vec<u8>>, redis::Value, redis::Value);
+        let log: Vec<Entry> = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(100)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        // Newest first; the scripts only.
+        let sent: Vec<Vec<Vec<u8>>> = log
+            .into_iter()
+            .rev()
+            .map(|entry| entry.3)
+            .filter(|words| {
+                words
+                    .first()
+                    .is_some_and(|w| w.eq_ignore_ascii_case(b"EVALSHA"))
+            })
+            .collect();
+        let (first, second) = sent.split_at(sent.len() / 2);
+        assert!(
+            !first.is_empty() && first.len() == second.len(),
+            "{}: two decisions sent {} scripts",
+            policy.name(),
+            sent.len()
+        );
+        let mut ids = Vec::new();
+        let mut seen: Vec<&[u8]> = Vec::new();
+        for (i, (a, b)) in first.iter().zip(second).enumerate() {
+            assert_eq!(a.len(), b.len(), "{}: the decisions differ", policy.name());
+            for (j, (x, y)) in a.iter().zip(b).enumerate() {
+                if x != y {
+                    let id = match seen.iter().position(|s| s == x) {
+                        Some(at) => at,
+                        None => {
+                            seen.push(x);
+                            seen.len() - 1
+                        }
+                    };
+                    ids.push((i, j, id as u64));
+                }
+            }
+        }
+        let replay = Replay {
+            commands: first.to_vec(),
+            ids,
+            distinct: seen.len() as u64,
+        };
+        println!("bare/{}: {}", policy.name(), replay);
+        replay
+    }
+
+    /// The same commands for another caller: `stand_in`, the key captured,
+    /// replaced by `caller` wherever it appears.
+    fn for_caller(&self, stand_in: &str, caller: &str) -> Replay {
+        let replace = |word: &Vec<u8>| match std::str::from_utf8(word) {
+            Ok(text) if text.contains(stand_in) => text.replace(stand_in, caller).into_bytes(),
+            _ => word.clone(),
+        };
+        Replay {
+            commands: self
+                .commands
+                .iter()
+                .map(|words| words.iter().map(replace).collect())
+                .collect(),
+            ids: self.ids.clone(),
+            distinct: self.distinct,
+        }
+    }
+
+    /// Sends the commands in order, ids numbered from `id` up.
+    fn send(
+        &self,
+        conn: &redis::aio::MultiplexedConnection,
+        id: u64,
+    ) -> impl std::future::Future<Output = ()> {
+        let commands: Vec<redis::Cmd> = self
+            .commands
+            .iter()
+            .enumerate()
+            .map(|(i, words)| {
+                let name = std::str::from_utf8(&words[0]).unwrap();
+                let mut cmd = redis::cmd(name);
+                for (j, word) in words.iter().enumerate().skip(1) {
+                    match self.ids.iter().find(|&&(c, w, _)| (c, w) == (i, j)) {
+                        Some(&(_, _, which)) => cmd.arg(id * self.distinct + which),
+                        None => cmd.arg(word.as_slice()),
+                    };
+                }
+                cmd
+            })
+            .collect();
+        let mut conn = conn.clone();
+        async move {
+            for cmd in commands {
+                let reply: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+                black_box(reply);
+            }
+        }
+    }
 }
 
 /// One check, and the release of a concurrency slot: two round trips for
@@ -493,19 +621,19 @@ fn summary() {
                 "layer/none".to_owned(),
             ),
             (
-                "redis c1 / bare evalsha",
+                "redis c1 / bare client",
                 format!("redis_c1/{name}"),
-                "redis_c1/bare_evalsha".to_owned(),
+                format!("redis_c1/bare/{name}"),
             ),
             (
-                "redis c64 / bare evalsha (>= 0.9)",
+                "redis c64 / bare client (>= 0.9)",
                 format!("redis_c64/{name}"),
-                "redis_c64/bare_evalsha".to_owned(),
+                format!("redis_c64/bare/{name}"),
             ),
             (
                 "redis c64, 10k callers / bare (>= 0.9)",
                 format!("redis_c64_crowd/{name}"),
-                "redis_c64_crowd/bare_evalsha".to_owned(),
+                format!("redis_c64_crowd/bare/{name}"),
             ),
         ] {
             if let Some(r) = ratio(&a, &b) {
