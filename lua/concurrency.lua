@@ -1,5 +1,6 @@
 -- tollgate: Stripe's concurrent-request limiter.
--- Mirrors src/strategy/concurrency.rs; change both together.
+-- Mirrors src/strategy/concurrency.rs and, for batches, lua/concurrency_batch.lua;
+-- change all three together.
 --
 -- A sorted set of the key's requests in flight, scored by start (µs). A
 -- request of cost c adds members "<id>:0" .. "<id>:c-1", so ZCOUNT counts

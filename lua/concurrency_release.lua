@@ -6,11 +6,13 @@
 -- ARGV[1]  the request's id: the receipt's stamp
 -- ARGV[2]  cost: how many members "<id>:0" .. "<id>:cost-1" it added
 --
--- Reply: members removed (integer; 0 when they timed out already).
+-- Reply: {members removed} (0 when they timed out already), integers as a
+-- decision's, so releases batch as decisions do (lua/batch.lua): a
+-- crowd's releases cost Redis one call, not one each.
 
 local members = {}
 for i = 0, tonumber(ARGV[2]) - 1 do
   members[#members + 1] = ARGV[1] .. ':' .. i
 end
-if #members == 0 then return 0 end
-return redis.call('ZREM', KEYS[1], unpack(members))
+if #members == 0 then return {0} end
+return {redis.call('ZREM', KEYS[1], unpack(members))}

@@ -581,6 +581,12 @@ async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch(
         Policy::gcra("gcra", per_minute(100), three),
         Policy::sliding_window("window", per_minute(100)),
         Policy::leaky_bucket("leaky", per_minute(100), three),
+        Policy::concurrency(
+            "slots",
+            NonZeroU32::new(100).unwrap(),
+            Duration::from_secs(60),
+        )
+        .unwrap(),
     ];
     for policy in &policies {
         store.check(policy, &Key::new("warm"), 1).await.unwrap();
@@ -985,4 +991,138 @@ async fn decisions_resume_after_a_redis_restart() {
         decision.remaining, 99,
         "a fresh Redis starts a fresh window"
     );
+}
+
+#[tokio::test]
+async fn batched_concurrency_checks_and_releases_leave_what_lone_ones_do() {
+    let server = RedisServer::start();
+    let policy = Policy::concurrency(
+        "slots",
+        NonZeroU32::new(5).unwrap(),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    // Seconds after the start, each round's second half 6 s later: a round
+    // 4 s on, when the first's slots are held unless given back, and whose
+    // second half finds the first's first half stale (a crashed server's,
+    // left out and removed); one 11 s after it; one set back before the
+    // last, on a clock that stepped back.
+    let rounds = [0, 4, 15, 13];
+    let (mut states, mut decisions_seen) = (Vec::new(), Vec::new());
+    for batching in [false, true] {
+        let prefix = format!("slots-{batching}");
+        let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
+        let store =
+            std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
+        store.check(&policy, &Key::new("warm"), 1).await.unwrap();
+        reset_stats(&server);
+        // Each pass's id, by the order of its decision, so two runs' random
+        // ids compare.
+        let mut ids = Vec::new();
+        let mut seen = Vec::new();
+        for secs in rounds {
+            clock.set(1_800_000_000_000_000 + secs * 1_000_000);
+            let mut decisions = Vec::new();
+            for i in 0..24 {
+                if i == 12 {
+                    // The first half on its way (four alone, the rest
+                    // queued), the second half 6 s later: a batch then
+                    // holds decisions at two times.
+                    tokio::task::yield_now().await;
+                    clock.set(1_800_000_000_000_000 + (secs + 6) * 1_000_000);
+                }
+                decisions.push({
+                    let (store, policy) = (store.clone(), policy.clone());
+                    let key = match i {
+                        0..4 => format!("alone{i}"),
+                        _ if i % 3 == 0 => "new".to_owned(),
+                        _ => "k".to_owned(),
+                    };
+                    // A look (0), and one more than the limit among them.
+                    let cost = match i {
+                        7 => 0,
+                        8 => 6,
+                        _ => 1 + i % 2,
+                    };
+                    tokio::spawn(async move {
+                        let d = store.check(&policy, &Key::new(&key), cost).await;
+                        (key, d)
+                    })
+                });
+            }
+            let mut passed = Vec::new();
+            for d in decisions {
+                let (key, d) = d.await.unwrap();
+                let mut d = d.unwrap();
+                if !d.receipt.is_empty() {
+                    passed.push((key, d.receipt.clone()));
+                }
+                // A look's pass carries an id too, though it holds nothing.
+                if let Some(&id) = d.receipt.stamps().first() {
+                    ids.push(id);
+                    d.receipt = Receipt::new(d.receipt.cost(), vec![ids.len() as u64]);
+                }
+                seen.push(d);
+            }
+            // Every other pass gives its slots back, all at once.
+            let releases: Vec<_> = passed
+                .into_iter()
+                .step_by(2)
+                .map(|(key, receipt)| {
+                    let (store, policy) = (store.clone(), policy.clone());
+                    tokio::spawn(
+                        async move { store.refund(&policy, &Key::new(key), &receipt).await },
+                    )
+                })
+                .collect();
+            for r in releases {
+                r.await.unwrap().unwrap();
+            }
+        }
+        let calls = command_calls(&server);
+        let scripts = calls.get("evalsha").copied().unwrap_or(0);
+        if batching {
+            assert!(scripts < 4 * 24, "checks and releases batched: {calls:?}");
+        } else {
+            assert!(scripts > 4 * 24, "{calls:?}");
+        }
+        // Each key's members, scored, ids replaced by their decision's order.
+        let mut conn = server.conn();
+        let mut names: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
+        names.sort();
+        let state: Vec<_> = names
+            .into_iter()
+            .map(|name| {
+                let members: Vec<(String, i64)> = conn.zrange_withscores(&name, 0, -1).unwrap();
+                let mut members: Vec<(i64, String)> = members
+                    .into_iter()
+                    .map(|(member, score)| {
+                        let (id, unit) = member.split_once(':').unwrap();
+                        let id: u64 = id.parse().unwrap();
+                        let order = ids.iter().position(|&i| i == id);
+                        (score, format!("{order:?}:{unit}"))
+                    })
+                    .collect();
+                members.sort();
+                let pttl: i64 = redis::cmd("PTTL").arg(&name).query(&mut conn).unwrap();
+                (name[prefix.len()..].to_owned(), members, pttl)
+            })
+            .collect();
+        states.push(state);
+        decisions_seen.push(seen);
+    }
+    for (i, (a, b)) in decisions_seen[0].iter().zip(&decisions_seen[1]).enumerate() {
+        assert_eq!(a, b, "decision {i}");
+    }
+    let passes = decisions_seen[1].iter().filter(|d| d.allowed).count();
+    let rejections = decisions_seen[1].len() - passes;
+    assert!(passes > 30 && rejections > 10, "{passes} passes");
+    let (alone, batched) = (&states[0], &states[1]);
+    assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
+    // The held slots of "k", "new", the four lone callers and the warm-up.
+    assert!(alone.len() >= 3, "{alone:?}");
+    for (a, b) in alone.iter().zip(batched) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+        assert!(a.2 > 0 && (a.2 - b.2).abs() < 500, "{a:?} {b:?}");
+    }
 }

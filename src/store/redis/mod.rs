@@ -370,10 +370,9 @@ impl RedisStore {
         read_only: bool,
     ) -> Result<Decision, StoreError> {
         let (script, keys, args) = self.call_for(policy, key, cost, read_only);
-        let batcher = match &self.inner.conn {
-            _ if read_only || self.inner.batchers.is_empty() => None,
-            Connection::Sharded(shards) => self.inner.batchers.get(shards.shard_of(&keys)),
-            _ => self.inner.batchers.first(),
+        let batcher = match read_only {
+            true => None,
+            false => self.batcher_for(&keys),
         };
         let reply = match batcher {
             Some(batcher) => batcher.eval(script, keys, args).await?,
@@ -390,6 +389,15 @@ impl RedisStore {
         }?;
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))
+    }
+
+    /// The batcher for a writing call on `keys`, if the store batches.
+    fn batcher_for(&self, keys: &[String]) -> Option<&Batcher> {
+        match &self.inner.conn {
+            _ if self.inner.batchers.is_empty() => None,
+            Connection::Sharded(shards) => self.inner.batchers.get(shards.shard_of(keys)),
+            _ => self.inner.batchers.first(),
+        }
     }
 
     /// The script, keys and arguments one decision needs.
@@ -477,6 +485,23 @@ impl RedisStore {
         }
     }
 
+    /// Frees a concurrency slot: batched, when the store batches, like the
+    /// decisions that take slots, so a crowd frees them at the same cost.
+    async fn release(&self, keys: KeyList, receipt: &Receipt) -> Result<(), StoreError> {
+        let script = &SCRIPTS.concurrency_release;
+        let id = receipt.stamps().first().copied().unwrap_or(0);
+        let args = Args::from_slice(&[int(id), int(receipt.cost())]);
+        match self.batcher_for(&keys) {
+            Some(batcher) => {
+                batcher.eval(script, keys, args).await?;
+            }
+            None => {
+                self.inner.conn.eval(script, &keys, &args, false).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn give_back(
         &self,
         policy: &Policy,
@@ -537,14 +562,7 @@ impl RedisStore {
                 let keys = self.inner.keys.quota_keys(policy, key);
                 (&scripts.leaky_bucket_refund, keys, args)
             }
-            Strategy::Concurrency => {
-                let args = vec![
-                    receipt.stamps().first().copied().unwrap_or(0).to_string(),
-                    receipt.cost().to_string(),
-                ];
-                let keys = self.inner.keys.quota_keys(policy, key);
-                (&scripts.concurrency_release, keys, args)
-            }
+            Strategy::Concurrency => return self.release(keys, receipt).await,
         };
         self.inner.conn.eval(script, &keys, &args, false).await?;
         Ok(())

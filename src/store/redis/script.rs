@@ -202,6 +202,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let fixed_window = include_str!("../../../lua/fixed_window.lua");
     let leaky_bucket = include_str!("../../../lua/leaky_bucket.lua");
     let concurrency = include_str!("../../../lua/concurrency.lua");
+    let concurrency_release = include_str!("../../../lua/concurrency_release.lua");
     let checks = [
         ("fixed_window", fixed_window),
         (
@@ -216,6 +217,9 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         ("gcra", include_str!("../../../lua/gcra.lua")),
         ("leaky_bucket", leaky_bucket),
         ("concurrency", concurrency),
+        // Not a check, but it batches as one: a crowd releases its slots
+        // as fast as it takes them.
+        ("concurrency_release", concurrency_release),
     ];
     let batches = checks
         .iter()
@@ -238,6 +242,10 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
                 "sliding_window" => LuaScript::batch_with(
                     "sliding_window_batch",
                     include_str!("../../../lua/sliding_window_batch.lua"),
+                ),
+                "concurrency" => LuaScript::batch_with(
+                    "concurrency_batch",
+                    include_str!("../../../lua/concurrency_batch.lua"),
                 ),
                 _ => LuaScript::batch_of(name, source),
             };
@@ -280,9 +288,6 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         ),
         concurrency: LuaScript::decision("concurrency", concurrency),
         concurrency_peek: LuaScript::dry_run("concurrency_peek", concurrency),
-        concurrency_release: LuaScript::new(
-            "concurrency_release",
-            include_str!("../../../lua/concurrency_release.lua").into(),
-        ),
+        concurrency_release: LuaScript::decision("concurrency_release", concurrency_release),
     }
 });
