@@ -83,6 +83,14 @@ enum Decider {
     Fallback,
 }
 
+/// The shortest wait a leaky bucket's pass is made to serve. Tokio's timer
+/// ticks once a millisecond, so any shorter sleep would end at the next tick:
+/// the requests whose turns fall within one millisecond leave together either
+/// way, and sleeping would only add up to a millisecond to each (and a timer
+/// to arm). The turn itself, and the bucket's rate, are the store's and do
+/// not change.
+const SHORTEST_WAIT: Duration = Duration::from_millis(1);
+
 /// A request allowed through, with what is needed to settle it.
 pub(crate) struct Pass {
     key: Option<Key>,
@@ -92,9 +100,11 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
-    /// How long the request waits for its turn (a leaky bucket's queue).
+    /// How long the request waits for its turn (a leaky bucket's queue),
+    /// if at least [`SHORTEST_WAIT`].
     pub(crate) fn delay(&self) -> Option<Duration> {
-        self.decision.as_ref().and_then(|d| d.delay)
+        let delay = self.decision.as_ref().and_then(|d| d.delay)?;
+        (delay >= SHORTEST_WAIT).then_some(delay)
     }
 
     /// Through without a decision: nothing to settle, no headers.
@@ -515,7 +525,7 @@ impl Limiter {
             return None;
         };
         let gives_back =
-            decision.delay.is_some() || self.policy.strategy().holds_until_response_ends();
+            pass.delay().is_some() || self.policy.strategy().holds_until_response_ends();
         if decision.receipt.is_empty() || !gives_back {
             return None;
         }

@@ -136,6 +136,54 @@ async fn leaky_bucket_requests_wait_their_turn_and_the_overflow_gets_429() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_turn_less_than_a_timer_tick_away_is_not_slept() {
+    // One every 250 µs, eight in the bucket: the first four turns fall
+    // within the first millisecond, where tokio's timer cannot tell them
+    // apart; the other four are slept, each to its turn or later.
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let seen = started.clone();
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::leaky_bucket(
+            "feeding",
+            Quota::per_second(NonZeroU32::new(4000).unwrap()),
+            NonZeroU32::new(8).unwrap(),
+        ))
+        .store(store)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().push(tokio::time::Instant::now());
+                    "fed"
+                }
+            }),
+        )
+        .layer(layer)
+        .layer(MockConnectInfo(SocketAddr::from((PEER, 1))));
+
+    let t0 = tokio::time::Instant::now();
+    let calls: Vec<_> = (0..8).map(|_| app.clone().oneshot(get_root())).collect();
+    let responses = futures_join_all(calls).await;
+    assert!(responses.iter().all(|r| r.status() == StatusCode::OK));
+    let mut offsets: Vec<_> = started
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.duration_since(t0).as_micros())
+        .collect();
+    offsets.sort();
+    assert_eq!(offsets[..4], [0, 0, 0, 0], "{offsets:?}");
+    for (offset, turn) in offsets[4..].iter().zip([1000, 1250, 1500, 1750]) {
+        assert!(*offset >= turn, "{offsets:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_client_that_leaves_while_waiting_gives_its_place_back() {
     let clock = ManualClock::new(T0);
     let store = MemoryStore::with_clock(clock.clone());
