@@ -5,6 +5,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::fast::RandomState;
+use smallvec::SmallVec;
 
 use super::keys::KeyNames;
 use super::{BoxFuture, KeySpace, Store};
@@ -207,15 +208,15 @@ impl MemoryStore {
                 decision
             }
             Strategy::SlidingLog => {
-                // Logs can be long: take them out of the shard, not copies.
-                let taken: Vec<(Log, Option<u64>)> = keys
-                    .iter()
-                    .map(|k| match shard.take(k, now) {
-                        Some((State::Log(log), expires_at)) => (log, Some(expires_at)),
-                        _ => (Log::default(), None),
-                    })
-                    .collect();
-                let (mut logs, expiries): (Vec<Log>, Vec<Option<u64>>) = taken.into_iter().unzip();
+                // Logs can be long: move them out of their entries, not
+                // copies, and back in place (a rejection allocates nothing).
+                let mut logs = SmallVec::<[Log; 2]>::new();
+                let mut expiries = SmallVec::<[Option<u64>; 2]>::new();
+                for k in keys.iter() {
+                    let (log, expires_at) = shard.take_log(k, now).unzip();
+                    logs.push(log.unwrap_or_default());
+                    expiries.push(expires_at);
+                }
                 let id = sliding_log::request_id();
                 let decision = sliding_log::check(&mut logs, policy.quotas(), now, cost, id);
                 let charged = decision.allowed && cost > 0;
@@ -230,8 +231,9 @@ impl MemoryStore {
                         }
                         _ => expires_at,
                     };
-                    if let Some(expires_at) = expires_at.filter(|_| !log.is_empty()) {
-                        shard.put(k, State::Log(log), expires_at);
+                    match expires_at.filter(|_| !log.is_empty()) {
+                        Some(expires_at) => shard.put(k, State::Log(log), expires_at),
+                        None => shard.remove(k),
                     }
                 }
                 decision
@@ -402,10 +404,18 @@ impl Shard {
         }
     }
 
-    /// Removes the live entry under `key`, with its expiry (µs).
-    pub(crate) fn take(&mut self, key: &str, now: u64) -> Option<(State, u64)> {
-        let entry = self.entries.remove(key)?;
-        (entry.expires_at > now).then_some((entry.state, entry.expires_at))
+    /// The live log under `key`, with its expiry (µs), moved out: an empty
+    /// log stays in its place until [`put`](Self::put) or
+    /// [`remove`](Self::remove), so the key's name is not given up and
+    /// allocated again.
+    pub(crate) fn take_log(&mut self, key: &str, now: u64) -> Option<(Log, u64)> {
+        match self.entries.get_mut(key) {
+            Some(Entry {
+                expires_at,
+                state: State::Log(log),
+            }) if *expires_at > now => Some((std::mem::take(log), *expires_at)),
+            _ => None,
+        }
     }
 
     pub(crate) fn remove(&mut self, key: &str) {

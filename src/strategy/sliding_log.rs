@@ -112,7 +112,7 @@ impl Log {
 /// charged, and the one that frees up last is reported (its `quota` index
 /// says which). With `cost == 0` nothing is written (a peek).
 pub(crate) fn check(logs: &mut [Log], quotas: &[Quota], now: u64, cost: u64, id: u64) -> Decision {
-    let counts: Vec<u64> = logs
+    let counts: smallvec::SmallVec<[u64; 2]> = logs
         .iter()
         .zip(quotas)
         .map(|(log, q)| log.count(now, q.window_micros()))
