@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
@@ -17,7 +18,8 @@ use support::redis::{
     client_calls, command_calls, reset_stats, shared_url, unique_prefix, RedisServer,
 };
 use tollgate::{
-    FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store, StoreErrorKind,
+    Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store,
+    StoreErrorKind, Strategy,
 };
 use tower::ServiceExt;
 
@@ -415,8 +417,14 @@ async fn a_fixed_window_batch_touches_each_key_once_and_sets_its_expiry() {
 }
 
 /// Every key under `prefix` (the prefix cut off): what it holds, and its
-/// expiry in ms (-1: none), so two runs' states can be compared.
-fn key_states(server: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
+/// expiry in ms (-1: none), so two runs' states can be compared. A sliding
+/// log's members, "<time>:<request id>:<unit>", are named by `ids` instead
+/// (see [`request_ids`]), for request ids are random.
+fn key_states(
+    server: &RedisServer,
+    prefix: &str,
+    ids: &BTreeMap<u64, usize>,
+) -> Vec<(String, String, i64)> {
     let mut conn = server.conn();
     let mut names: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
     names.sort();
@@ -427,9 +435,27 @@ fn key_states(server: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> 
             let value = match kind.as_str() {
                 "string" => conn.get::<_, String>(&name).unwrap(),
                 "hash" => {
-                    let fields: std::collections::BTreeMap<String, String> =
-                        conn.hgetall(&name).unwrap();
+                    let fields: BTreeMap<String, String> = conn.hgetall(&name).unwrap();
                     format!("{fields:?}")
+                }
+                "zset" => {
+                    let members: Vec<(String, f64)> = conn.zrange_withscores(&name, 0, -1).unwrap();
+                    let mut members: Vec<(u64, String)> = members
+                        .into_iter()
+                        .map(|(member, score)| {
+                            let parts: Vec<&str> = member.split(':').collect();
+                            let [time, id, unit] = parts[..] else {
+                                panic!("{name}: member {member}");
+                            };
+                            let pass = id.parse().ok().and_then(|id: u64| ids.get(&id));
+                            let pass = pass.unwrap_or_else(|| {
+                                panic!("{name}: member {member} of no pass seen")
+                            });
+                            (score as u64, format!("{time}:pass {pass}:{unit}"))
+                        })
+                        .collect();
+                    members.sort();
+                    format!("{members:?}")
                 }
                 other => panic!("{name}: unexpected type {other}"),
             };
@@ -439,106 +465,311 @@ fn key_states(server: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> 
         .collect()
 }
 
+/// Each sliding-log pass's request id (its receipt's second stamp) by the
+/// pass's place in `decisions`: the same in every run of the same decisions,
+/// where the ids are random.
+fn request_ids(decisions: &[(Strategy, Decision)]) -> BTreeMap<u64, usize> {
+    let mut ids = BTreeMap::new();
+    for (i, (strategy, d)) in decisions.iter().enumerate() {
+        if *strategy == Strategy::SlidingLog && d.allowed {
+            let id = d.receipt.stamps()[1];
+            assert!(ids.insert(id, i).is_none(), "request id {id} twice");
+        }
+    }
+    ids
+}
+
+/// `decisions` with each sliding-log pass's request id replaced by its name
+/// in `ids`; every other field, and every other decision, as they are.
+fn with_named_ids(decisions: &[(Strategy, Decision)], ids: &BTreeMap<u64, usize>) -> Vec<Decision> {
+    decisions
+        .iter()
+        .map(|(strategy, d)| {
+            let mut d = d.clone();
+            if *strategy == Strategy::SlidingLog && d.allowed {
+                let stamps = d.receipt.stamps();
+                assert_eq!(stamps.len(), 2, "{d:?}");
+                let named = vec![stamps[0], ids[&stamps[1]] as u64];
+                d.receipt = Receipt::new(d.receipt.cost(), named);
+            }
+            d
+        })
+        .collect()
+}
+
+/// The rounds of [`decide_rounds`], at these seconds after the warm-up: the
+/// first rolls "k"'s window over; the second runs on a clock set back 30 s,
+/// before the windows the first one opened (a stored window later than
+/// now's stays current; a log's entries in the future stay inside); the
+/// third, half-way into the window after, where the previous window, full,
+/// still weighs half; the last, set back to where it weighs more, so more is
+/// used than the limit.
+const ROUNDS: [u64; 4] = [61, 31, 150, 125];
+
+/// Decisions per policy per round.
+const PER_ROUND: u64 = 24;
+
+/// What one run of [`decide_rounds`] saw.
+struct Rounds {
+    /// Every decision in the order it was made, sliding-log request ids
+    /// named (see [`request_ids`]), beside its policy's index.
+    decisions: Vec<(Decision, usize)>,
+    /// Per policy: script calls; reads of a key's state (GET, HMGET, or
+    /// ZCOUNT of a log's units in the window, then ZRANGE of the newest if
+    /// there are any); and a log's rejections' look-ups of the entry their
+    /// Retry-After waits on (ZRANGEBYSCORE).
+    counted: Vec<[u64; 3]>,
+    /// Every key at the end (see [`key_states`]).
+    states: Vec<(String, String, i64)>,
+}
+
+/// A warm-up decision per policy, then [`ROUNDS`] of [`PER_ROUND`]
+/// concurrent decisions per policy, on a store of its own under `prefix`,
+/// batching or not, on the app's clock: a round's decision `i` is made at
+/// the round's second plus `offset(i)` µs.
+async fn decide_rounds(
+    server: &RedisServer,
+    prefix: &str,
+    policies: &[Policy],
+    offset: fn(u64) -> i64,
+    batching: bool,
+) -> Rounds {
+    const START: u64 = 1_800_000_000_000_000;
+    let clock = tollgate::ManualClock::new(START);
+    let store =
+        std::sync::Arc::new(store_with(&server.url(), prefix, Some(&clock), batching).await);
+    let (mut seen, mut policy_of) = (Vec::new(), Vec::new());
+    for (i, policy) in policies.iter().enumerate() {
+        // Warm: scripts loaded, and a key that already holds state.
+        let d = store.check(policy, &Key::new("k"), 1).await.unwrap();
+        seen.push((policy.strategy().clone(), d));
+        policy_of.push(i);
+    }
+    let mut counted = vec![[0; 3]; policies.len()];
+    for secs in ROUNDS {
+        for (p, (policy, counted)) in policies.iter().zip(&mut counted).enumerate() {
+            reset_stats(server);
+            let decisions: Vec<_> = (0..PER_ROUND)
+                .map(|i| {
+                    let (store, policy, clock) = (store.clone(), policy.clone(), clock.clone());
+                    // The first few go out alone; then "k" and a new caller,
+                    // first seen inside a batch, with mixed costs: a look
+                    // (0) and one no quota can ever take among them.
+                    let key = match i {
+                        0..4 => format!("alone{i}"),
+                        _ if i % 3 == 0 => "new".to_owned(),
+                        _ => "k".to_owned(),
+                    };
+                    let cost = match i {
+                        7 => 0,
+                        8 => 11,
+                        _ => 1 + i % 2,
+                    };
+                    let at = (START + secs * 1_000_000).saturating_add_signed(offset(i));
+                    // The store reads the clock before the task first waits.
+                    tokio::spawn(async move {
+                        clock.set(at);
+                        (at, store.check(&policy, &Key::new(key), cost).await)
+                    })
+                })
+                .collect();
+            for d in decisions {
+                let (at, d) = d.await.unwrap();
+                let d = d.unwrap();
+                assert_eq!(d.now_micros, at, "{d:?}");
+                // Every field: the reported quota and the refund stamps too.
+                seen.push((policy.strategy().clone(), d));
+                policy_of.push(p);
+            }
+            let calls = command_calls(server);
+            let count = |name: &str| calls.get(name).copied().unwrap_or(0);
+            counted[0] += count("evalsha");
+            counted[1] += count("get") + count("hmget") + count("zcount");
+            counted[2] += count("zrangebyscore");
+        }
+    }
+    let ids = request_ids(&seen);
+    Rounds {
+        decisions: with_named_ids(&seen, &ids)
+            .into_iter()
+            .zip(policy_of)
+            .collect(),
+        counted,
+        states: key_states(server, prefix, &ids),
+    }
+}
+
+/// Asserts that the batched run decided and left exactly what the lone one
+/// did: every decision, every key's content, and its expiry (set from
+/// Redis's own clock, so a few ms apart); `keys`, how many there are.
+fn assert_same_rounds(alone: &Rounds, batched: &Rounds, keys: usize) {
+    // Decision by decision, in the order they were sent (a batch keeps it).
+    assert_eq!(alone.decisions, batched.decisions);
+    let (alone, batched) = (&alone.states, &batched.states);
+    assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
+    assert_eq!(alone.len(), keys, "{alone:?}");
+    for (a, b) in alone.iter().zip(batched) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+        assert!(a.2 > 0 && (a.2 - b.2).abs() < 500, "{a:?} {b:?}");
+    }
+}
+
+/// How many decisions of `rounds` passed, and for the sliding logs, how
+/// many passed and were rejected reporting each log.
+fn outcomes(rounds: &Rounds, policies: &[Policy]) -> (usize, BTreeMap<(bool, usize), usize>) {
+    let mut logs = BTreeMap::new();
+    for (d, p) in &rounds.decisions {
+        if *policies[*p].strategy() == Strategy::SlidingLog {
+            *logs.entry((d.allowed, d.quota)).or_insert(0) += 1;
+        }
+    }
+    let passes = rounds.decisions.iter().filter(|(d, _)| d.allowed).count();
+    (passes, logs)
+}
+
+/// The outcomes a sliding log's batch must get right: passes and
+/// rejections, each reporting either log.
+const EVERY_LOG_OUTCOME: [(bool, usize); 4] = [(false, 0), (false, 1), (true, 0), (true, 1)];
+
 #[tokio::test]
 async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones_do() {
     let server = RedisServer::start();
     let three = NonZeroU32::new(3).unwrap();
+    // Each policy with the most keys one call of its decisions can read: two
+    // callers' ("k" and "new"), each with a key per quota, and the sliding
+    // log's resource log, shared by every caller.
     let policies = [
-        Policy::gcra("gcra", per_minute(6), three),
-        Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+        (Policy::gcra("gcra", per_minute(6), three), 2),
+        (
+            Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+            4,
+        ),
         // One quota: lua/sliding_window_batch.lua's path without tables.
-        Policy::sliding_window("one", per_minute(10)),
+        (Policy::sliding_window("one", per_minute(10)), 2),
         // Two quotas as full as each other in the first round (the 60 s
         // one's previous window weighs 1, the 120 s one's current holds the
         // same 1): a pass reports the first, the tie broken as alone.
-        Policy::sliding_window("tie", per_minute(10))
-            .and(Quota::new(10, Duration::from_secs(120)).unwrap()),
-        Policy::leaky_bucket("leaky", per_minute(6), three),
+        (
+            Policy::sliding_window("tie", per_minute(10))
+                .and(Quota::new(10, Duration::from_secs(120)).unwrap()),
+            4,
+        ),
+        (Policy::leaky_bucket("leaky", per_minute(6), three), 2),
+        // Six callers share the resource's log: each one's own log rejects
+        // first, the shared one as it fills; costs of 2 and 11 units wait
+        // for more than the oldest entry.
+        (Policy::sliding_log("log", per_minute(20), per_minute(6)), 3),
+        // Once the four lone callers have spent 6 units, "k"'s first pass
+        // leaves both logs 9 units: it reports the resource's, the tie broken
+        // as alone; the cost of 11 then waits as long on both logs (their
+        // entries all share the round's time), and the resource's is
+        // reported, the tie broken as alone.
+        (
+            Policy::sliding_log("tie", per_minute(16), per_minute(10)),
+            3,
+        ),
+        // The shared log binds, over a longer window than each caller's, so
+        // the two logs of a decision have different cutoffs.
+        (
+            Policy::sliding_log(
+                "shared",
+                Quota::new(12, Duration::from_secs(120)).unwrap(),
+                per_minute(8),
+            ),
+            3,
+        ),
     ];
-    let n = policies.len() as u64;
-    let rounds = [61, 31, 150, 125];
-    let (mut states, mut decisions_seen) = (Vec::new(), Vec::new());
-    for batching in [false, true] {
-        let prefix = format!("state-{batching}");
-        let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
-        let store =
-            std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
-        for policy in &policies {
-            // Warm: scripts loaded, and a key that already holds state.
-            store.check(policy, &Key::new("k"), 1).await.unwrap();
-        }
-        reset_stats(&server);
-        let mut seen = Vec::new();
-        // The rounds, at these seconds after the warm-up: the first rolls "k"'s
-        // window over; the second runs on a clock set back 30 s, before the
-        // windows the first one opened (a stored window later than now's
-        // stays current); the third, half-way into the window after, where
-        // the previous window, full, still weighs half; the last, set back
-        // to where it weighs more, so more is used than the limit.
-        for secs in rounds {
-            clock.set(1_800_000_000_000_000 + secs * 1_000_000);
-            for policy in &policies {
-                let decisions: Vec<_> = (0..24)
-                    .map(|i| {
-                        let (store, policy) = (store.clone(), policy.clone());
-                        // The first few go out alone; then "k" and a new caller,
-                        // first seen inside a batch, with mixed costs: a look
-                        // (0) and one no quota can ever take among them.
-                        let key = match i {
-                            0..4 => format!("alone{i}"),
-                            _ if i % 3 == 0 => "new".to_owned(),
-                            _ => "k".to_owned(),
-                        };
-                        let cost = match i {
-                            7 => 0,
-                            8 => 11,
-                            _ => 1 + i % 2,
-                        };
-                        tokio::spawn(
-                            async move { store.check(&policy, &Key::new(key), cost).await },
-                        )
-                    })
-                    .collect();
-                for d in decisions {
-                    // Every field: the reported quota and the refund stamps too.
-                    seen.push(d.await.unwrap().unwrap());
-                }
-            }
-        }
-        let calls = command_calls(&server);
-        let scripts = calls.get("evalsha").copied().unwrap_or(0);
-        let reads =
-            calls.get("get").copied().unwrap_or(0) + calls.get("hmget").copied().unwrap_or(0);
-        if batching {
-            assert!(
-                scripts < rounds.len() as u64 * n * 24,
-                "the decisions went out together: {calls:?}"
-            );
-            // Each call reads each of its keys at most once.
-            assert!(reads <= 3 * scripts, "{calls:?}");
-            assert!(reads < rounds.len() as u64 * n * 24 / 2, "{calls:?}");
-        } else {
-            assert_eq!(scripts, rounds.len() as u64 * n * 24, "{calls:?}");
-        }
-        states.push(key_states(&server, &prefix));
-        decisions_seen.push(seen);
+    let (policies, most_keys): (Vec<Policy>, Vec<u64>) = policies.into_iter().unzip();
+    // One clock for every decision of a round.
+    let alone = decide_rounds(&server, "state-false", &policies, |_| 0, false).await;
+    let batched = decide_rounds(&server, "state-true", &policies, |_| 0, true).await;
+    let decisions = ROUNDS.len() as u64 * PER_ROUND;
+    for (((policy, most_keys), alone), batched) in policies
+        .iter()
+        .zip(most_keys)
+        .zip(&alone.counted)
+        .zip(&batched.counted)
+    {
+        let name = policy.name();
+        assert_eq!(alone[0], decisions, "{name}");
+        assert!(
+            batched[0] < decisions,
+            "{name}: the decisions went out together: {batched:?}"
+        );
+        // Each call reads each of its keys at most once, where alone each
+        // decision reads each of its keys.
+        assert!(batched[1] <= most_keys * batched[0], "{name}: {batched:?}");
+        assert!(
+            batched[1] * 3 < alone[1],
+            "{name}: {batched:?} against {alone:?}"
+        );
+        // A rejection's look-up of the entry it waits for serves the
+        // call's other rejections of the same cost.
+        assert!(
+            batched[2] * 2 <= alone[2],
+            "{name}: {batched:?} against {alone:?}"
+        );
     }
-    // Decision by decision, in the order they were sent (a batch keeps it).
-    assert_eq!(decisions_seen[0], decisions_seen[1]);
-    let passes = decisions_seen[1].iter().filter(|d| d.allowed).count();
+    // Six callers per policy, two keys each for the two-quota windows, and
+    // a log per caller beside the resource's for the sliding logs.
+    assert_same_rounds(&alone, &batched, 6 * (1 + 2 + 1 + 2 + 1) + 3 * 7);
+    let (passes, logs) = outcomes(&batched, &policies);
     assert!(
-        (60..rounds.len() * policies.len() * 24).contains(&passes),
+        (60..alone.decisions.len() * 3 / 4).contains(&passes),
         "{passes} passes"
     );
-    let (alone, batched) = (&states[0], &states[1]);
-    assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
-    // Six callers per policy, two keys each for the two-quota windows.
-    assert_eq!(alone.len(), 6 * (1 + 2 + 1 + 2 + 1), "{alone:?}");
-    for (a, b) in alone.iter().zip(batched) {
-        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
-        // Expiries are set from Redis's own clock, a few ms apart.
-        assert!(a.2 > 0 && (a.2 - b.2).abs() < 500, "{a:?} {b:?}");
+    assert!(
+        EVERY_LOG_OUTCOME.iter().all(|o| logs.contains_key(o)),
+        "{logs:?}"
+    );
+}
+
+#[tokio::test]
+async fn batched_decisions_on_the_apps_clock_leave_what_lone_ones_do() {
+    // On the app's clock, each decision brings its own `now`, so one batch
+    // holds several: a microsecond apart, seconds back, a window on. A
+    // sliding log's state read at one cutoff does not hold at another: its
+    // pending writes go out and it is read again.
+    let server = RedisServer::start();
+    let three = NonZeroU32::new(3).unwrap();
+    let policies = [
+        Policy::fixed_window("fixed", per_minute(10)).and(per_minute(100)),
+        Policy::gcra("gcra", per_minute(6), three),
+        Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+        Policy::leaky_bucket("leaky", per_minute(6), three),
+        Policy::sliding_log("log", per_minute(20), per_minute(6)),
+        Policy::sliding_log("tie", per_minute(16), per_minute(10)),
+        Policy::sliding_log(
+            "shared",
+            Quota::new(12, Duration::from_secs(120)).unwrap(),
+            per_minute(8),
+        ),
+    ];
+    fn offset(i: u64) -> i64 {
+        match i % 8 {
+            1 => 1,
+            3 => -2_000_000,
+            5 => 61_000_000,
+            6 => 30_000_000,
+            _ => 0,
+        }
     }
+    let alone = decide_rounds(&server, "clock-false", &policies, offset, false).await;
+    let batched = decide_rounds(&server, "clock-true", &policies, offset, true).await;
+    let decisions = ROUNDS.len() as u64 * PER_ROUND;
+    for (policy, batched) in policies.iter().zip(&batched.counted) {
+        assert!(batched[0] < decisions, "{}: {batched:?}", policy.name());
+    }
+    assert_same_rounds(&alone, &batched, 6 * (2 + 1 + 2 + 1) + 3 * 7);
+    let (passes, logs) = outcomes(&batched, &policies);
+    assert!(
+        (60..alone.decisions.len() * 3 / 4).contains(&passes),
+        "{passes} passes"
+    );
+    assert!(
+        EVERY_LOG_OUTCOME.iter().all(|o| logs.contains_key(o)),
+        "{logs:?}"
+    );
 }
 
 #[tokio::test]
@@ -581,14 +812,19 @@ async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch(
         Policy::gcra("gcra", per_minute(100), three),
         Policy::sliding_window("window", per_minute(100)),
         Policy::leaky_bucket("leaky", per_minute(100), three),
+        // The bad key is the caller's log, read after the resource's.
+        Policy::sliding_log("log", per_minute(100), per_minute(100)),
     ];
     for policy in &policies {
         store.check(policy, &Key::new("warm"), 1).await.unwrap();
-        let name = format!(
-            "batch:{{{}|bad}}:{}:0",
-            policy.name(),
-            policy.strategy().as_str()
-        );
+        let name = match policy.strategy() {
+            Strategy::SlidingLog => format!("batch:{{{}}}:sliding_log:consumer:bad", policy.name()),
+            _ => format!(
+                "batch:{{{}|bad}}:{}:0",
+                policy.name(),
+                policy.strategy().as_str()
+            ),
+        };
         let _: () = server.conn().rpush(&name, "x").unwrap();
         reset_stats(&server);
         let decisions: Vec<_> = (0..21)
@@ -622,6 +858,17 @@ async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch(
         );
         let len: u64 = server.conn().llen(&name).unwrap();
         assert_eq!(len, 1, "{name} untouched");
+        if *policy.strategy() == Strategy::SlidingLog {
+            // The failed decision charged neither log: the resource's holds
+            // the warm-up's unit and the twenty passes', no more.
+            let mut conn = server.conn();
+            let resource: u64 = conn.zcard("batch:{log}:sliding_log:resource").unwrap();
+            assert_eq!(resource, 21);
+            let twice: u64 = conn
+                .zcard("batch:{log}:sliding_log:consumer:twice")
+                .unwrap();
+            assert_eq!(twice, 2);
+        }
     }
 }
 
