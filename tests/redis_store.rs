@@ -772,6 +772,257 @@ async fn batched_decisions_on_the_apps_clock_leave_what_lone_ones_do() {
     );
 }
 
+/// A small deterministic generator (xorshift64*), for decisions that differ
+/// by seed and replay the same in every run.
+struct Dice(u64);
+
+impl Dice {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+
+    fn pick<T: Copy>(&mut self, of: &[T]) -> T {
+        of[self.below(of.len() as u64) as usize]
+    }
+
+    fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+}
+
+/// Lets a script's PEXPIREs be compared exactly: each also SETs
+/// `px|<key>` to the milliseconds it was given.
+const PEXPIRE_SHIM: &str = "local real = redis\n\
+    local redis = setmetatable({ call = function(cmd, ...)\n\
+      if cmd == 'PEXPIRE' then real.call('SET', 'px|' .. (select(1, ...)), (select(2, ...))) end\n\
+      return real.call(cmd, ...)\n\
+    end }, { __index = real })\n";
+
+/// A decision's reply: its integers, or its error's code.
+#[derive(Debug, PartialEq)]
+enum Reply {
+    Ints(Vec<i64>),
+    Error(String),
+}
+
+/// `lua/batch.lua`'s packed reply, one [`Reply`] per decision.
+fn unpack_batch(mut bytes: &[u8]) -> Vec<Reply> {
+    let mut replies = Vec::new();
+    let take = |n: usize, bytes: &mut &[u8]| {
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        head.to_vec()
+    };
+    while !bytes.is_empty() {
+        let n = u16::from_be_bytes(take(2, &mut bytes).try_into().unwrap()) as usize;
+        if n == 0 {
+            let len = u16::from_be_bytes(take(2, &mut bytes).try_into().unwrap()) as usize;
+            let message = String::from_utf8(take(len, &mut bytes)).unwrap();
+            replies.push(Reply::Error(message.split(' ').next().unwrap().to_owned()));
+        } else {
+            let ints = (0..n)
+                .map(|_| i64::from_be_bytes(take(8, &mut bytes).try_into().unwrap()))
+                .collect();
+            replies.push(Reply::Ints(ints));
+        }
+    }
+    replies
+}
+
+/// One sliding-log decision below the store: its keys (under a prefix) and
+/// lua/sliding_log.lua's arguments (now, cost, request id, the resource's
+/// limit and window, the consumer's).
+type LogDecision = ([String; 2], [i64; 7]);
+
+/// Random sliding-log calls for [`the_sliding_log_batch_decides_and_writes_what_its_lone_script_does`]:
+/// each call's clock, some decisions on clocks of their own (a microsecond
+/// on, seconds back, a window on, or one that keeps the cutoff with a
+/// longer window), costs from a look to hundreds of units (several ZADDs),
+/// one or two resources, and up to four callers, with "bad" among them if
+/// `bad`.
+fn random_log_calls(dice: &mut Dice, bad: bool) -> Vec<Vec<LogDecision>> {
+    let mut callers: Vec<String> = (0..=dice.below(4)).map(|i| format!("c{i}")).collect();
+    if bad {
+        callers.push("bad".to_owned());
+    }
+    let resources = if dice.one_in(3) {
+        &["r1", "r2"][..]
+    } else {
+        &["r1"][..]
+    };
+    let mut clock: i64 = 1_800_000_000_000_000;
+    let mut id: i64 = 1_000_000_000_000;
+    let mut calls = Vec::new();
+    for _ in 0..=dice.below(8) {
+        clock += dice.pick(&[0, 1, 500_000, 3_000_000, 10_000_000, -5_000_000, 30_000_000]);
+        let mut decisions = Vec::new();
+        for _ in 0..=dice.below(40) {
+            let mut now = clock;
+            if dice.below(100) < 15 {
+                now += dice.pick(&[1, -1, 2_000_000, -7_000_000, 11_000_000]);
+            }
+            let resource = dice.pick(resources);
+            let mut limits = [
+                if resource == "r1" {
+                    dice.pick(&[5, 8, 20])
+                } else {
+                    6
+                },
+                dice.pick(&[3, 4, 10, 1000]),
+            ];
+            let mut windows = [
+                dice.pick(&[10_000_000, 10_000_000, 4_000_000, 3_000_000]),
+                dice.pick(&[10_000_000, 7_000_000]),
+            ];
+            let cost = if dice.one_in(10) {
+                limits = [1000, 1000];
+                dice.below(700) as i64
+            } else {
+                dice.pick(&[0, 1, 1, 1, 2, 3, 12])
+            };
+            if dice.one_in(10) {
+                // The cutoff of the call's clock with a 10 s window.
+                let later = dice.pick(&[1, 1_000_000, 2_500_000]);
+                now = clock + later;
+                windows = [10_000_000 + later; 2];
+            }
+            id += 1 + dice.below(1000) as i64;
+            let caller = &callers[dice.below(callers.len() as u64) as usize];
+            let keys = [resource.to_owned(), format!("consumer:{caller}")];
+            let args = [now, cost, id, limits[0], windows[0], limits[1], windows[1]];
+            decisions.push((keys, args));
+        }
+        calls.push(decisions);
+    }
+    calls
+}
+
+#[test]
+fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
+    // Below the store, where each call's decisions are chosen: lone
+    // lua/sliding_log.lua, one decision after the other, under "a:", against
+    // calls of lua/sliding_log_batch.lua (as the store builds it, see
+    // src/store/redis/script.rs) under "b:". Every reply, every member and
+    // score, and every PEXPIRE's milliseconds must be the same.
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let lone = format!("{PEXPIRE_SHIM}{}", include_str!("../lua/sliding_log.lua"));
+    let batch = format!(
+        "{PEXPIRE_SHIM}{}\n{}\n{}",
+        include_str!("../lua/batch_prelude.lua"),
+        include_str!("../lua/sliding_log_batch.lua"),
+        include_str!("../lua/batch.lua")
+    );
+    // First, by hand: a log whose entries lie ahead of the call's clock (an
+    // app server's clock ahead of another's). A rejection waits on the
+    // oldest, 5 s ahead; a pass then adds one older still, which the next
+    // rejection waits on instead.
+    let t: i64 = 1_800_000_000_000_000;
+    let keys = || ["r1".to_owned(), "consumer:c0".to_owned()];
+    let ahead = vec![
+        vec![(
+            keys(),
+            [t + 5_000_000, 2, 11, 100, 10_000_000, 3, 10_000_000],
+        )],
+        vec![
+            (keys(), [t, 2, 12, 100, 10_000_000, 3, 10_000_000]),
+            (keys(), [t, 1, 13, 100, 10_000_000, 3, 10_000_000]),
+            (keys(), [t, 1, 14, 100, 10_000_000, 3, 10_000_000]),
+        ],
+    ];
+    let mut cases = vec![(ahead, false)];
+    // Then random calls, a third with a caller's log of another type.
+    for seed in 1..=60u64 {
+        let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let bad = dice.one_in(3);
+        cases.push((random_log_calls(&mut dice, bad), bad));
+    }
+    let (mut decided, mut passed, mut failed) = (0, 0, 0);
+    for (case, (calls, bad)) in cases.into_iter().enumerate() {
+        let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+        if bad {
+            for side in ["a", "b"] {
+                let _: () = conn.rpush(format!("{side}:consumer:bad"), "x").unwrap();
+            }
+        }
+        let (mut alone, mut batched) = (Vec::new(), Vec::new());
+        for decisions in calls {
+            let (mut keys, mut args) = (Vec::new(), vec![decisions.len() as i64]);
+            for (k, a) in &decisions {
+                let reply: redis::RedisResult<Vec<i64>> = redis::cmd("EVAL")
+                    .arg(&lone)
+                    .arg(2)
+                    .arg(k.iter().map(|k| format!("a:{k}")).collect::<Vec<_>>())
+                    .arg(&a[..])
+                    .query(&mut conn);
+                alone.push(match reply {
+                    Ok(ints) => Reply::Ints(ints),
+                    Err(err) => Reply::Error(err.code().unwrap_or("?").to_owned()),
+                });
+                keys.extend(k.iter().map(|k| format!("b:{k}")));
+                args.extend([2, a.len() as i64]);
+                args.extend(a);
+            }
+            let reply: Vec<u8> = redis::cmd("EVAL")
+                .arg(&batch)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args)
+                .query(&mut conn)
+                .unwrap();
+            batched.extend(unpack_batch(&reply));
+        }
+        assert_eq!(alone.len(), batched.len(), "case {case}");
+        for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+            assert_eq!(a, b, "case {case}, decision {i}");
+        }
+        decided += alone.len();
+        passed += alone
+            .iter()
+            .filter(|r| matches!(r, Reply::Ints(i) if i[0] == 1))
+            .count();
+        failed += alone
+            .iter()
+            .filter(|r| matches!(r, Reply::Error(_)))
+            .count();
+
+        let mut names: Vec<String> = conn.keys("a:*").unwrap();
+        names.extend(conn.keys::<_, Vec<String>>("b:*").unwrap());
+        let mut names: Vec<String> = names.into_iter().map(|n| n[2..].to_owned()).collect();
+        names.sort();
+        names.dedup();
+        for name in names {
+            let (a, b) = (format!("a:{name}"), format!("b:{name}"));
+            let kind: [String; 2] =
+                [&a, &b].map(|k| redis::cmd("TYPE").arg(k).query(&mut conn).unwrap());
+            assert_eq!(kind[0], kind[1], "case {case}: {name}");
+            if kind[0] == "zset" {
+                let members: [Vec<(String, i64)>; 2] =
+                    [&a, &b].map(|k| conn.zrange_withscores(k, 0, -1).unwrap());
+                assert_eq!(members[0], members[1], "case {case}: {name}");
+                let px: [Option<String>; 2] =
+                    [&a, &b].map(|k| conn.get(format!("px|{k}")).unwrap());
+                assert_eq!(px[0], px[1], "case {case}: {name}'s PEXPIRE");
+                let pttl: [i64; 2] =
+                    [&a, &b].map(|k| redis::cmd("PTTL").arg(k).query(&mut conn).unwrap());
+                assert!(
+                    pttl[0] > 0 && (pttl[0] - pttl[1]).abs() < 1000,
+                    "case {case}: {name} {pttl:?}"
+                );
+            }
+        }
+    }
+    // The cases cover what they should: passes, rejections, failures.
+    assert!(
+        passed > decided / 10 && passed < decided / 2,
+        "{passed} of {decided}"
+    );
+    assert!(failed > 20, "{failed} failed of {decided}");
+}
+
 #[tokio::test]
 async fn a_policy_of_three_hundred_quotas_decides_in_a_batch_as_alone() {
     // A pass replies with 307 integers: more than a byte can count.
