@@ -113,16 +113,27 @@ local function grown(s, now, cost)
   s.kth = nil
 end
 
+-- Strings that every pass of a flood would format again, each formatted
+-- once (a number's formatting costs Redis's Lua a C sprintf): the score of
+-- the last `now` charged, and each unit's number.
+local last_now, last_score, units = nil, nil, {}
+
 -- What a pass's lone writes do to both logs (states `s1`, `s2`): `cost`
 -- members each, scored `now` and named "<time>:<request id>:<unit>" (the
 -- expiry follows from the newest entry: see above).
 local function charge(s1, s2, now, cost, id)
-  local score = int(now)
+  if now ~= last_now then last_now, last_score = now, int(now) end
+  local score = last_score
   local stem = score .. ':' .. id .. ':'
   local adds1, adds2 = s1.adds, s2.adds
   local m1, m2 = #adds1, #adds2
   for unit = 0, cost - 1 do
-    local member = stem .. unit
+    local name = units[unit]
+    if name == nil then
+      name = tostring(unit)
+      units[unit] = name
+    end
+    local member = stem .. name
     adds1[m1 + 1], adds1[m1 + 2] = score, member
     adds2[m2 + 1], adds2[m2 + 2] = score, member
     m1, m2 = m1 + 2, m2 + 2
