@@ -1,6 +1,8 @@
 -- tollgate: exact sliding-window log with two limits at once: the resource's
 -- (shared by every caller) and this consumer's, checked and charged together.
 -- Mirrors src/strategy/sliding_log.rs; change both together.
+-- lua/sliding_log_batch.lua mirrors it for batches (each log read and
+-- written once per call): change that one with it too.
 --
 -- Each log holds one member per unit spent, scored by its time in integer µs
 -- (never seconds and microseconds glued together as strings) and named

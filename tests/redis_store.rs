@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
@@ -17,7 +18,8 @@ use support::redis::{
     client_calls, command_calls, reset_stats, shared_url, unique_prefix, RedisServer,
 };
 use tollgate::{
-    FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store, StoreErrorKind,
+    Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store,
+    StoreErrorKind, Strategy,
 };
 use tower::ServiceExt;
 
@@ -415,8 +417,14 @@ async fn a_fixed_window_batch_touches_each_key_once_and_sets_its_expiry() {
 }
 
 /// Every key under `prefix` (the prefix cut off): what it holds, and its
-/// expiry in ms (-1: none), so two runs' states can be compared.
-fn key_states(server: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
+/// expiry in ms (-1: none), so two runs' states can be compared. A sliding
+/// log's members, "<time>:<request id>:<unit>", are named by `ids` instead
+/// (see [`request_ids`]), for request ids are random.
+fn key_states(
+    server: &RedisServer,
+    prefix: &str,
+    ids: &BTreeMap<u64, usize>,
+) -> Vec<(String, String, i64)> {
     let mut conn = server.conn();
     let mut names: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
     names.sort();
@@ -427,9 +435,30 @@ fn key_states(server: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> 
             let value = match kind.as_str() {
                 "string" => conn.get::<_, String>(&name).unwrap(),
                 "hash" => {
-                    let fields: std::collections::BTreeMap<String, String> =
-                        conn.hgetall(&name).unwrap();
+                    let fields: BTreeMap<String, String> = conn.hgetall(&name).unwrap();
                     format!("{fields:?}")
+                }
+                "zset" => {
+                    let members: Vec<(String, f64)> = conn.zrange_withscores(&name, 0, -1).unwrap();
+                    let mut members: Vec<(u64, String)> = members
+                        .into_iter()
+                        .map(|(member, score)| {
+                            // A log's "<time>:<id>:<unit>", a slot's "<id>:<unit>".
+                            let parts: Vec<&str> = member.split(':').collect();
+                            let (time, id, unit) = match parts[..] {
+                                [time, id, unit] => (Some(time), id, unit),
+                                [id, unit] => (None, id, unit),
+                                _ => panic!("{name}: member {member}"),
+                            };
+                            let pass = id.parse().ok().and_then(|id: u64| ids.get(&id));
+                            let pass = pass.unwrap_or_else(|| {
+                                panic!("{name}: member {member} of no pass seen")
+                            });
+                            (score as u64, format!("{time:?}:pass {pass}:{unit}"))
+                        })
+                        .collect();
+                    members.sort();
+                    format!("{members:?}")
                 }
                 other => panic!("{name}: unexpected type {other}"),
             };
@@ -439,106 +468,562 @@ fn key_states(server: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> 
         .collect()
 }
 
+/// Each sliding-log pass's request id (its receipt's second stamp) by the
+/// pass's place in `decisions`: the same in every run of the same decisions,
+/// where the ids are random.
+fn request_ids(decisions: &[(Strategy, Decision)]) -> BTreeMap<u64, usize> {
+    let mut ids = BTreeMap::new();
+    for (i, (strategy, d)) in decisions.iter().enumerate() {
+        if *strategy == Strategy::SlidingLog && d.allowed {
+            let id = d.receipt.stamps()[1];
+            assert!(ids.insert(id, i).is_none(), "request id {id} twice");
+        }
+    }
+    ids
+}
+
+/// `decisions` with each sliding-log pass's request id replaced by its name
+/// in `ids`; every other field, and every other decision, as they are.
+fn with_named_ids(decisions: &[(Strategy, Decision)], ids: &BTreeMap<u64, usize>) -> Vec<Decision> {
+    decisions
+        .iter()
+        .map(|(strategy, d)| {
+            let mut d = d.clone();
+            if *strategy == Strategy::SlidingLog && d.allowed {
+                let stamps = d.receipt.stamps();
+                assert_eq!(stamps.len(), 2, "{d:?}");
+                let named = vec![stamps[0], ids[&stamps[1]] as u64];
+                d.receipt = Receipt::new(d.receipt.cost(), named);
+            }
+            d
+        })
+        .collect()
+}
+
+/// The rounds of [`decide_rounds`], at these seconds after the warm-up: the
+/// first rolls "k"'s window over; the second runs on a clock set back 30 s,
+/// before the windows the first one opened (a stored window later than
+/// now's stays current; a log's entries in the future stay inside); the
+/// third, half-way into the window after, where the previous window, full,
+/// still weighs half; the last, set back to where it weighs more, so more is
+/// used than the limit.
+const ROUNDS: [u64; 4] = [61, 31, 150, 125];
+
+/// Decisions per policy per round.
+const PER_ROUND: u64 = 24;
+
+/// What one run of [`decide_rounds`] saw.
+struct Rounds {
+    /// Every decision in the order it was made, sliding-log request ids
+    /// named (see [`request_ids`]), beside its policy's index.
+    decisions: Vec<(Decision, usize)>,
+    /// Per policy: script calls; reads of a key's state (GET, HMGET, or
+    /// ZCOUNT of a log's units in the window, then ZRANGE of the newest if
+    /// there are any); and a log's rejections' look-ups of the entry their
+    /// Retry-After waits on (ZRANGEBYSCORE).
+    counted: Vec<[u64; 3]>,
+    /// Every key at the end (see [`key_states`]).
+    states: Vec<(String, String, i64)>,
+}
+
+/// A warm-up decision per policy, then [`ROUNDS`] of [`PER_ROUND`]
+/// concurrent decisions per policy, on a store of its own under `prefix`,
+/// batching or not, on the app's clock: a round's decision `i` is made at
+/// the round's second plus `offset(i)` µs.
+async fn decide_rounds(
+    server: &RedisServer,
+    prefix: &str,
+    policies: &[Policy],
+    offset: fn(u64) -> i64,
+    batching: bool,
+) -> Rounds {
+    const START: u64 = 1_800_000_000_000_000;
+    let clock = tollgate::ManualClock::new(START);
+    let store =
+        std::sync::Arc::new(store_with(&server.url(), prefix, Some(&clock), batching).await);
+    let (mut seen, mut policy_of) = (Vec::new(), Vec::new());
+    for (i, policy) in policies.iter().enumerate() {
+        // Warm: scripts loaded, and a key that already holds state.
+        let d = store.check(policy, &Key::new("k"), 1).await.unwrap();
+        seen.push((policy.strategy().clone(), d));
+        policy_of.push(i);
+    }
+    let mut counted = vec![[0; 3]; policies.len()];
+    for secs in ROUNDS {
+        for (p, (policy, counted)) in policies.iter().zip(&mut counted).enumerate() {
+            reset_stats(server);
+            let decisions: Vec<_> = (0..PER_ROUND)
+                .map(|i| {
+                    let (store, policy, clock) = (store.clone(), policy.clone(), clock.clone());
+                    // The first few go out alone; then "k" and a new caller,
+                    // first seen inside a batch, with mixed costs: a look
+                    // (0) and one no quota can ever take among them.
+                    let key = match i {
+                        0..4 => format!("alone{i}"),
+                        _ if i % 3 == 0 => "new".to_owned(),
+                        _ => "k".to_owned(),
+                    };
+                    let cost = match i {
+                        7 => 0,
+                        8 => 11,
+                        _ => 1 + i % 2,
+                    };
+                    let at = (START + secs * 1_000_000).saturating_add_signed(offset(i));
+                    // The store reads the clock before the task first waits.
+                    tokio::spawn(async move {
+                        clock.set(at);
+                        (at, store.check(&policy, &Key::new(key), cost).await)
+                    })
+                })
+                .collect();
+            for d in decisions {
+                let (at, d) = d.await.unwrap();
+                let d = d.unwrap();
+                assert_eq!(d.now_micros, at, "{d:?}");
+                // Every field: the reported quota and the refund stamps too.
+                seen.push((policy.strategy().clone(), d));
+                policy_of.push(p);
+            }
+            let calls = command_calls(server);
+            let count = |name: &str| calls.get(name).copied().unwrap_or(0);
+            counted[0] += count("evalsha");
+            counted[1] += count("get") + count("hmget") + count("zcount");
+            counted[2] += count("zrangebyscore");
+        }
+    }
+    let ids = request_ids(&seen);
+    Rounds {
+        decisions: with_named_ids(&seen, &ids)
+            .into_iter()
+            .zip(policy_of)
+            .collect(),
+        counted,
+        states: key_states(server, prefix, &ids),
+    }
+}
+
+/// Asserts that the batched run decided and left exactly what the lone one
+/// did: every decision, every key's content, and its expiry (set from
+/// Redis's own clock, so a few ms apart); `keys`, how many there are.
+fn assert_same_rounds(alone: &Rounds, batched: &Rounds, keys: usize) {
+    // Decision by decision, in the order they were sent (a batch keeps it).
+    assert_eq!(alone.decisions, batched.decisions);
+    let (alone, batched) = (&alone.states, &batched.states);
+    assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
+    assert_eq!(alone.len(), keys, "{alone:?}");
+    for (a, b) in alone.iter().zip(batched) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+        assert!(a.2 > 0 && (a.2 - b.2).abs() < 500, "{a:?} {b:?}");
+    }
+}
+
+/// How many decisions of `rounds` passed, and for the sliding logs, how
+/// many passed and were rejected reporting each log.
+fn outcomes(rounds: &Rounds, policies: &[Policy]) -> (usize, BTreeMap<(bool, usize), usize>) {
+    let mut logs = BTreeMap::new();
+    for (d, p) in &rounds.decisions {
+        if *policies[*p].strategy() == Strategy::SlidingLog {
+            *logs.entry((d.allowed, d.quota)).or_insert(0) += 1;
+        }
+    }
+    let passes = rounds.decisions.iter().filter(|(d, _)| d.allowed).count();
+    (passes, logs)
+}
+
+/// The outcomes a sliding log's batch must get right: passes and
+/// rejections, each reporting either log.
+const EVERY_LOG_OUTCOME: [(bool, usize); 4] = [(false, 0), (false, 1), (true, 0), (true, 1)];
+
 #[tokio::test]
 async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones_do() {
     let server = RedisServer::start();
     let three = NonZeroU32::new(3).unwrap();
+    // Each policy with the most keys one call of its decisions can read: two
+    // callers' ("k" and "new"), each with a key per quota, and the sliding
+    // log's resource log, shared by every caller.
     let policies = [
-        Policy::gcra("gcra", per_minute(6), three),
-        Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+        (Policy::gcra("gcra", per_minute(6), three), 2),
+        (
+            Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+            4,
+        ),
         // One quota: lua/sliding_window_batch.lua's path without tables.
-        Policy::sliding_window("one", per_minute(10)),
+        (Policy::sliding_window("one", per_minute(10)), 2),
         // Two quotas as full as each other in the first round (the 60 s
         // one's previous window weighs 1, the 120 s one's current holds the
         // same 1): a pass reports the first, the tie broken as alone.
-        Policy::sliding_window("tie", per_minute(10))
-            .and(Quota::new(10, Duration::from_secs(120)).unwrap()),
-        Policy::leaky_bucket("leaky", per_minute(6), three),
+        (
+            Policy::sliding_window("tie", per_minute(10))
+                .and(Quota::new(10, Duration::from_secs(120)).unwrap()),
+            4,
+        ),
+        (Policy::leaky_bucket("leaky", per_minute(6), three), 2),
+        // Six callers share the resource's log: each one's own log rejects
+        // first, the shared one as it fills; costs of 2 and 11 units wait
+        // for more than the oldest entry.
+        (Policy::sliding_log("log", per_minute(20), per_minute(6)), 3),
+        // Once the four lone callers have spent 6 units, "k"'s first pass
+        // leaves both logs 9 units: it reports the resource's, the tie broken
+        // as alone; the cost of 11 then waits as long on both logs (their
+        // entries all share the round's time), and the resource's is
+        // reported, the tie broken as alone.
+        (
+            Policy::sliding_log("tie", per_minute(16), per_minute(10)),
+            3,
+        ),
+        // The shared log binds, over a longer window than each caller's, so
+        // the two logs of a decision have different cutoffs.
+        (
+            Policy::sliding_log(
+                "shared",
+                Quota::new(12, Duration::from_secs(120)).unwrap(),
+                per_minute(8),
+            ),
+            3,
+        ),
     ];
-    let n = policies.len() as u64;
-    let rounds = [61, 31, 150, 125];
-    let (mut states, mut decisions_seen) = (Vec::new(), Vec::new());
-    for batching in [false, true] {
-        let prefix = format!("state-{batching}");
-        let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
-        let store =
-            std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
-        for policy in &policies {
-            // Warm: scripts loaded, and a key that already holds state.
-            store.check(policy, &Key::new("k"), 1).await.unwrap();
-        }
-        reset_stats(&server);
-        let mut seen = Vec::new();
-        // The rounds, at these seconds after the warm-up: the first rolls "k"'s
-        // window over; the second runs on a clock set back 30 s, before the
-        // windows the first one opened (a stored window later than now's
-        // stays current); the third, half-way into the window after, where
-        // the previous window, full, still weighs half; the last, set back
-        // to where it weighs more, so more is used than the limit.
-        for secs in rounds {
-            clock.set(1_800_000_000_000_000 + secs * 1_000_000);
-            for policy in &policies {
-                let decisions: Vec<_> = (0..24)
-                    .map(|i| {
-                        let (store, policy) = (store.clone(), policy.clone());
-                        // The first few go out alone; then "k" and a new caller,
-                        // first seen inside a batch, with mixed costs: a look
-                        // (0) and one no quota can ever take among them.
-                        let key = match i {
-                            0..4 => format!("alone{i}"),
-                            _ if i % 3 == 0 => "new".to_owned(),
-                            _ => "k".to_owned(),
-                        };
-                        let cost = match i {
-                            7 => 0,
-                            8 => 11,
-                            _ => 1 + i % 2,
-                        };
-                        tokio::spawn(
-                            async move { store.check(&policy, &Key::new(key), cost).await },
-                        )
-                    })
-                    .collect();
-                for d in decisions {
-                    // Every field: the reported quota and the refund stamps too.
-                    seen.push(d.await.unwrap().unwrap());
-                }
-            }
-        }
-        let calls = command_calls(&server);
-        let scripts = calls.get("evalsha").copied().unwrap_or(0);
-        let reads =
-            calls.get("get").copied().unwrap_or(0) + calls.get("hmget").copied().unwrap_or(0);
-        if batching {
-            assert!(
-                scripts < rounds.len() as u64 * n * 24,
-                "the decisions went out together: {calls:?}"
-            );
-            // Each call reads each of its keys at most once.
-            assert!(reads <= 3 * scripts, "{calls:?}");
-            assert!(reads < rounds.len() as u64 * n * 24 / 2, "{calls:?}");
-        } else {
-            assert_eq!(scripts, rounds.len() as u64 * n * 24, "{calls:?}");
-        }
-        states.push(key_states(&server, &prefix));
-        decisions_seen.push(seen);
+    let (policies, most_keys): (Vec<Policy>, Vec<u64>) = policies.into_iter().unzip();
+    // One clock for every decision of a round.
+    let alone = decide_rounds(&server, "state-false", &policies, |_| 0, false).await;
+    let batched = decide_rounds(&server, "state-true", &policies, |_| 0, true).await;
+    let decisions = ROUNDS.len() as u64 * PER_ROUND;
+    for (((policy, most_keys), alone), batched) in policies
+        .iter()
+        .zip(most_keys)
+        .zip(&alone.counted)
+        .zip(&batched.counted)
+    {
+        let name = policy.name();
+        assert_eq!(alone[0], decisions, "{name}");
+        assert!(
+            batched[0] < decisions,
+            "{name}: the decisions went out together: {batched:?}"
+        );
+        // Each call reads each of its keys at most once, where alone each
+        // decision reads each of its keys.
+        assert!(batched[1] <= most_keys * batched[0], "{name}: {batched:?}");
+        assert!(
+            batched[1] * 3 < alone[1],
+            "{name}: {batched:?} against {alone:?}"
+        );
+        // A rejection's look-up of the entry it waits for serves the
+        // call's other rejections of the same cost.
+        assert!(
+            batched[2] * 2 <= alone[2],
+            "{name}: {batched:?} against {alone:?}"
+        );
     }
-    // Decision by decision, in the order they were sent (a batch keeps it).
-    assert_eq!(decisions_seen[0], decisions_seen[1]);
-    let passes = decisions_seen[1].iter().filter(|d| d.allowed).count();
+    // Six callers per policy, two keys each for the two-quota windows, and
+    // a log per caller beside the resource's for the sliding logs.
+    assert_same_rounds(&alone, &batched, 6 * (1 + 2 + 1 + 2 + 1) + 3 * 7);
+    let (passes, logs) = outcomes(&batched, &policies);
     assert!(
-        (60..rounds.len() * policies.len() * 24).contains(&passes),
+        (60..alone.decisions.len() * 3 / 4).contains(&passes),
         "{passes} passes"
     );
-    let (alone, batched) = (&states[0], &states[1]);
-    assert_eq!(alone.len(), batched.len(), "{alone:?}\n{batched:?}");
-    // Six callers per policy, two keys each for the two-quota windows.
-    assert_eq!(alone.len(), 6 * (1 + 2 + 1 + 2 + 1), "{alone:?}");
-    for (a, b) in alone.iter().zip(batched) {
-        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
-        // Expiries are set from Redis's own clock, a few ms apart.
-        assert!(a.2 > 0 && (a.2 - b.2).abs() < 500, "{a:?} {b:?}");
+    assert!(
+        EVERY_LOG_OUTCOME.iter().all(|o| logs.contains_key(o)),
+        "{logs:?}"
+    );
+}
+
+#[tokio::test]
+async fn batched_decisions_on_the_apps_clock_leave_what_lone_ones_do() {
+    // On the app's clock, each decision brings its own `now`, so one batch
+    // holds several: a microsecond apart, seconds back, a window on. A
+    // sliding log's state read at one cutoff does not hold at another: its
+    // pending writes go out and it is read again.
+    let server = RedisServer::start();
+    let three = NonZeroU32::new(3).unwrap();
+    let policies = [
+        Policy::fixed_window("fixed", per_minute(10)).and(per_minute(100)),
+        Policy::gcra("gcra", per_minute(6), three),
+        Policy::sliding_window("window", per_minute(10)).and(per_minute(100)),
+        Policy::leaky_bucket("leaky", per_minute(6), three),
+        Policy::sliding_log("log", per_minute(20), per_minute(6)),
+        Policy::sliding_log("tie", per_minute(16), per_minute(10)),
+        Policy::sliding_log(
+            "shared",
+            Quota::new(12, Duration::from_secs(120)).unwrap(),
+            per_minute(8),
+        ),
+    ];
+    fn offset(i: u64) -> i64 {
+        match i % 8 {
+            1 => 1,
+            3 => -2_000_000,
+            5 => 61_000_000,
+            6 => 30_000_000,
+            _ => 0,
+        }
     }
+    let alone = decide_rounds(&server, "clock-false", &policies, offset, false).await;
+    let batched = decide_rounds(&server, "clock-true", &policies, offset, true).await;
+    let decisions = ROUNDS.len() as u64 * PER_ROUND;
+    for (policy, batched) in policies.iter().zip(&batched.counted) {
+        assert!(batched[0] < decisions, "{}: {batched:?}", policy.name());
+    }
+    assert_same_rounds(&alone, &batched, 6 * (2 + 1 + 2 + 1) + 3 * 7);
+    let (passes, logs) = outcomes(&batched, &policies);
+    assert!(
+        (60..alone.decisions.len() * 3 / 4).contains(&passes),
+        "{passes} passes"
+    );
+    assert!(
+        EVERY_LOG_OUTCOME.iter().all(|o| logs.contains_key(o)),
+        "{logs:?}"
+    );
+}
+
+/// A small deterministic generator (xorshift64*), for decisions that differ
+/// by seed and replay the same in every run.
+struct Dice(u64);
+
+impl Dice {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+
+    fn pick<T: Copy>(&mut self, of: &[T]) -> T {
+        of[self.below(of.len() as u64) as usize]
+    }
+
+    fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+}
+
+/// Lets a script's PEXPIREs be compared exactly: each also SETs
+/// `px|<key>` to the milliseconds it was given.
+const PEXPIRE_SHIM: &str = "local real = redis\n\
+    local redis = setmetatable({ call = function(cmd, ...)\n\
+      if cmd == 'PEXPIRE' then real.call('SET', 'px|' .. (select(1, ...)), (select(2, ...))) end\n\
+      return real.call(cmd, ...)\n\
+    end }, { __index = real })\n";
+
+/// A decision's reply: its integers, or its error's code.
+#[derive(Debug, PartialEq)]
+enum Reply {
+    Ints(Vec<i64>),
+    Error(String),
+}
+
+/// `lua/batch.lua`'s packed reply, one [`Reply`] per decision.
+fn unpack_batch(mut bytes: &[u8]) -> Vec<Reply> {
+    let mut replies = Vec::new();
+    let take = |n: usize, bytes: &mut &[u8]| {
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        head.to_vec()
+    };
+    while !bytes.is_empty() {
+        let n = u16::from_be_bytes(take(2, &mut bytes).try_into().unwrap()) as usize;
+        if n == 0 {
+            let len = u16::from_be_bytes(take(2, &mut bytes).try_into().unwrap()) as usize;
+            let message = String::from_utf8(take(len, &mut bytes)).unwrap();
+            replies.push(Reply::Error(message.split(' ').next().unwrap().to_owned()));
+        } else {
+            let ints = (0..n)
+                .map(|_| i64::from_be_bytes(take(8, &mut bytes).try_into().unwrap()))
+                .collect();
+            replies.push(Reply::Ints(ints));
+        }
+    }
+    replies
+}
+
+/// One sliding-log decision below the store: its keys (under a prefix) and
+/// lua/sliding_log.lua's arguments (now, cost, request id, the resource's
+/// limit and window, the consumer's).
+type LogDecision = ([String; 2], [i64; 7]);
+
+/// Random sliding-log calls for [`the_sliding_log_batch_decides_and_writes_what_its_lone_script_does`]:
+/// each call's clock, some decisions on clocks of their own (a microsecond
+/// on, seconds back, a window on, or one that keeps the cutoff with a
+/// longer window), costs from a look to hundreds of units (several ZADDs),
+/// one or two resources, and up to four callers, with "bad" among them if
+/// `bad`.
+fn random_log_calls(dice: &mut Dice, bad: bool) -> Vec<Vec<LogDecision>> {
+    let mut callers: Vec<String> = (0..=dice.below(4)).map(|i| format!("c{i}")).collect();
+    if bad {
+        callers.push("bad".to_owned());
+    }
+    let resources = if dice.one_in(3) {
+        &["r1", "r2"][..]
+    } else {
+        &["r1"][..]
+    };
+    let mut clock: i64 = 1_800_000_000_000_000;
+    let mut id: i64 = 1_000_000_000_000;
+    let mut calls = Vec::new();
+    for _ in 0..=dice.below(8) {
+        clock += dice.pick(&[0, 1, 500_000, 3_000_000, 10_000_000, -5_000_000, 30_000_000]);
+        let mut decisions = Vec::new();
+        for _ in 0..=dice.below(40) {
+            let mut now = clock;
+            if dice.below(100) < 15 {
+                now += dice.pick(&[1, -1, 2_000_000, -7_000_000, 11_000_000]);
+            }
+            let resource = dice.pick(resources);
+            let mut limits = [
+                if resource == "r1" {
+                    dice.pick(&[5, 8, 20])
+                } else {
+                    6
+                },
+                dice.pick(&[3, 4, 10, 1000]),
+            ];
+            let mut windows = [
+                dice.pick(&[10_000_000, 10_000_000, 4_000_000, 3_000_000]),
+                dice.pick(&[10_000_000, 7_000_000]),
+            ];
+            let cost = if dice.one_in(10) {
+                limits = [1000, 1000];
+                dice.below(700) as i64
+            } else {
+                dice.pick(&[0, 1, 1, 1, 2, 3, 12])
+            };
+            if dice.one_in(10) {
+                // The cutoff of the call's clock with a 10 s window.
+                let later = dice.pick(&[1, 1_000_000, 2_500_000]);
+                now = clock + later;
+                windows = [10_000_000 + later; 2];
+            }
+            id += 1 + dice.below(1000) as i64;
+            let caller = &callers[dice.below(callers.len() as u64) as usize];
+            let keys = [resource.to_owned(), format!("consumer:{caller}")];
+            let args = [now, cost, id, limits[0], windows[0], limits[1], windows[1]];
+            decisions.push((keys, args));
+        }
+        calls.push(decisions);
+    }
+    calls
+}
+
+#[test]
+fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
+    // Below the store, where each call's decisions are chosen: lone
+    // lua/sliding_log.lua, one decision after the other, under "a:", against
+    // calls of lua/sliding_log_batch.lua (as the store builds it, see
+    // src/store/redis/script.rs) under "b:". Every reply, every member and
+    // score, and every PEXPIRE's milliseconds must be the same.
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let lone = format!("{PEXPIRE_SHIM}{}", include_str!("../lua/sliding_log.lua"));
+    let batch = format!(
+        "{PEXPIRE_SHIM}{}\n{}\n{}",
+        include_str!("../lua/batch_prelude.lua"),
+        include_str!("../lua/sliding_log_batch.lua"),
+        include_str!("../lua/batch.lua")
+    );
+    // First, by hand: a log whose entries lie ahead of the call's clock (an
+    // app server's clock ahead of another's). A rejection waits on the
+    // oldest, 5 s ahead; a pass then adds one older still, which the next
+    // rejection waits on instead.
+    let t: i64 = 1_800_000_000_000_000;
+    let keys = || ["r1".to_owned(), "consumer:c0".to_owned()];
+    let ahead = vec![
+        vec![(
+            keys(),
+            [t + 5_000_000, 2, 11, 100, 10_000_000, 3, 10_000_000],
+        )],
+        vec![
+            (keys(), [t, 2, 12, 100, 10_000_000, 3, 10_000_000]),
+            (keys(), [t, 1, 13, 100, 10_000_000, 3, 10_000_000]),
+            (keys(), [t, 1, 14, 100, 10_000_000, 3, 10_000_000]),
+        ],
+    ];
+    let mut cases = vec![(ahead, false)];
+    // Then random calls, a third with a caller's log of another type.
+    for seed in 1..=60u64 {
+        let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let bad = dice.one_in(3);
+        cases.push((random_log_calls(&mut dice, bad), bad));
+    }
+    let (mut decided, mut passed, mut failed) = (0, 0, 0);
+    for (case, (calls, bad)) in cases.into_iter().enumerate() {
+        let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+        if bad {
+            for side in ["a", "b"] {
+                let _: () = conn.rpush(format!("{side}:consumer:bad"), "x").unwrap();
+            }
+        }
+        let (mut alone, mut batched) = (Vec::new(), Vec::new());
+        for decisions in calls {
+            let (mut keys, mut args) = (Vec::new(), vec![decisions.len() as i64]);
+            for (k, a) in &decisions {
+                let reply: redis::RedisResult<Vec<i64>> = redis::cmd("EVAL")
+                    .arg(&lone)
+                    .arg(2)
+                    .arg(k.iter().map(|k| format!("a:{k}")).collect::<Vec<_>>())
+                    .arg(&a[..])
+                    .query(&mut conn);
+                alone.push(match reply {
+                    Ok(ints) => Reply::Ints(ints),
+                    Err(err) => Reply::Error(err.code().unwrap_or("?").to_owned()),
+                });
+                keys.extend(k.iter().map(|k| format!("b:{k}")));
+                args.extend([2, a.len() as i64]);
+                args.extend(a);
+            }
+            let reply: Vec<u8> = redis::cmd("EVAL")
+                .arg(&batch)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args)
+                .query(&mut conn)
+                .unwrap();
+            batched.extend(unpack_batch(&reply));
+        }
+        assert_eq!(alone.len(), batched.len(), "case {case}");
+        for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+            assert_eq!(a, b, "case {case}, decision {i}");
+        }
+        decided += alone.len();
+        passed += alone
+            .iter()
+            .filter(|r| matches!(r, Reply::Ints(i) if i[0] == 1))
+            .count();
+        failed += alone
+            .iter()
+            .filter(|r| matches!(r, Reply::Error(_)))
+            .count();
+
+        let mut names: Vec<String> = conn.keys("a:*").unwrap();
+        names.extend(conn.keys::<_, Vec<String>>("b:*").unwrap());
+        let mut names: Vec<String> = names.into_iter().map(|n| n[2..].to_owned()).collect();
+        names.sort();
+        names.dedup();
+        for name in names {
+            let (a, b) = (format!("a:{name}"), format!("b:{name}"));
+            let kind: [String; 2] =
+                [&a, &b].map(|k| redis::cmd("TYPE").arg(k).query(&mut conn).unwrap());
+            assert_eq!(kind[0], kind[1], "case {case}: {name}");
+            if kind[0] == "zset" {
+                let members: [Vec<(String, i64)>; 2] =
+                    [&a, &b].map(|k| conn.zrange_withscores(k, 0, -1).unwrap());
+                assert_eq!(members[0], members[1], "case {case}: {name}");
+                let px: [Option<String>; 2] =
+                    [&a, &b].map(|k| conn.get(format!("px|{k}")).unwrap());
+                assert_eq!(px[0], px[1], "case {case}: {name}'s PEXPIRE");
+                let pttl: [i64; 2] =
+                    [&a, &b].map(|k| redis::cmd("PTTL").arg(k).query(&mut conn).unwrap());
+                assert!(
+                    pttl[0] > 0 && (pttl[0] - pttl[1]).abs() < 1000,
+                    "case {case}: {name} {pttl:?}"
+                );
+            }
+        }
+    }
+    // The cases cover what they should: passes, rejections, failures.
+    assert!(
+        passed > decided / 10 && passed < decided / 2,
+        "{passed} of {decided}"
+    );
+    assert!(failed > 20, "{failed} failed of {decided}");
 }
 
 #[tokio::test]
@@ -587,14 +1072,19 @@ async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch(
             Duration::from_secs(60),
         )
         .unwrap(),
+        // The bad key is the caller's log, read after the resource's.
+        Policy::sliding_log("log", per_minute(100), per_minute(100)),
     ];
     for policy in &policies {
         store.check(policy, &Key::new("warm"), 1).await.unwrap();
-        let name = format!(
-            "batch:{{{}|bad}}:{}:0",
-            policy.name(),
-            policy.strategy().as_str()
-        );
+        let name = match policy.strategy() {
+            Strategy::SlidingLog => format!("batch:{{{}}}:sliding_log:consumer:bad", policy.name()),
+            _ => format!(
+                "batch:{{{}|bad}}:{}:0",
+                policy.name(),
+                policy.strategy().as_str()
+            ),
+        };
         let _: () = server.conn().rpush(&name, "x").unwrap();
         reset_stats(&server);
         let decisions: Vec<_> = (0..21)
@@ -628,6 +1118,17 @@ async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch(
         );
         let len: u64 = server.conn().llen(&name).unwrap();
         assert_eq!(len, 1, "{name} untouched");
+        if *policy.strategy() == Strategy::SlidingLog {
+            // The failed decision charged neither log: the resource's holds
+            // the warm-up's unit and the twenty passes', no more.
+            let mut conn = server.conn();
+            let resource: u64 = conn.zcard("batch:{log}:sliding_log:resource").unwrap();
+            assert_eq!(resource, 21);
+            let twice: u64 = conn
+                .zcard("batch:{log}:sliding_log:consumer:twice")
+                .unwrap();
+            assert_eq!(twice, 2);
+        }
     }
 }
 
@@ -1018,7 +1519,7 @@ async fn batched_concurrency_checks_and_releases_leave_what_lone_ones_do() {
         reset_stats(&server);
         // Each pass's id, by the order of its decision, so two runs' random
         // ids compare.
-        let mut ids = Vec::new();
+        let mut ids = BTreeMap::new();
         let mut seen = Vec::new();
         for secs in rounds {
             clock.set(1_800_000_000_000_000 + secs * 1_000_000);
@@ -1059,8 +1560,9 @@ async fn batched_concurrency_checks_and_releases_leave_what_lone_ones_do() {
                 }
                 // A look's pass carries an id too, though it holds nothing.
                 if let Some(&id) = d.receipt.stamps().first() {
-                    ids.push(id);
-                    d.receipt = Receipt::new(d.receipt.cost(), vec![ids.len() as u64]);
+                    let pass = seen.len();
+                    assert!(ids.insert(id, pass).is_none(), "request id {id} twice");
+                    d.receipt = Receipt::new(d.receipt.cost(), vec![pass as u64]);
                 }
                 seen.push(d);
             }
@@ -1086,28 +1588,13 @@ async fn batched_concurrency_checks_and_releases_leave_what_lone_ones_do() {
         } else {
             assert!(scripts > 4 * 24, "{calls:?}");
         }
-        // Each key's members, scored, ids replaced by their decision's order.
-        let mut conn = server.conn();
-        let mut names: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
-        names.sort();
-        let state: Vec<_> = names
-            .into_iter()
-            .map(|name| {
-                let members: Vec<(String, i64)> = conn.zrange_withscores(&name, 0, -1).unwrap();
-                let mut members: Vec<(i64, String)> = members
-                    .into_iter()
-                    .map(|(member, score)| {
-                        let (id, unit) = member.split_once(':').unwrap();
-                        let id: u64 = id.parse().unwrap();
-                        let order = ids.iter().position(|&i| i == id);
-                        (score, format!("{order:?}:{unit}"))
-                    })
-                    .collect();
-                members.sort();
-                let pttl: i64 = redis::cmd("PTTL").arg(&name).query(&mut conn).unwrap();
-                (name[prefix.len()..].to_owned(), members, pttl)
-            })
-            .collect();
+        // The warm-up's slot, held, is the one member of no pass seen.
+        let warm: Vec<String> = server
+            .conn()
+            .keys(format!("{prefix}:{{slots|warm}}*"))
+            .unwrap();
+        let _: () = server.conn().del(warm).unwrap();
+        let state = key_states(&server, &prefix, &ids);
         states.push(state);
         decisions_seen.push(seen);
     }

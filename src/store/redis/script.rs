@@ -247,6 +247,10 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
                     "concurrency_batch",
                     include_str!("../../../lua/concurrency_batch.lua"),
                 ),
+                "sliding_log" => LuaScript::batch_with(
+                    "sliding_log_batch",
+                    include_str!("../../../lua/sliding_log_batch.lua"),
+                ),
                 _ => LuaScript::batch_of(name, source),
             };
             (sha, batch)

@@ -1,0 +1,191 @@
+-- tollgate: several sliding-log decisions in one call, each log read and
+-- written once: the `decide` and `flush` that lua/batch.lua (appended by the
+-- store) calls. Mirrors lua/sliding_log.lua; change them together.
+--
+-- As lua/fixed_window_batch.lua does for its strategy: decisions run one
+-- after the other, exactly as lua/sliding_log.lua would run them alone, but
+-- what a log holds is read on its first use in the call (ZCOUNT of the
+-- units inside the window and, if any, ZRANGE of the newest), kept here,
+-- moved as the lone script's writes would move it, and written once at the
+-- end. Nothing else can run in between, so the result is the same, and a
+-- flood of one caller costs Redis one read and one write of each log per
+-- call, not per request.
+--
+-- What the lone writes leave, and so what `flush` writes: each pass drops
+-- the members at or below its cutoff, now - window (ZREMRANGEBYSCORE), adds
+-- one member per unit scored `now` (ZADD) and sets the expiry, one second
+-- after the newest entry leaves the window (PEXPIRE). Passes with one
+-- cutoff add members above it, so together they leave what one
+-- ZREMRANGEBYSCORE, one ZADD of all their members and the last one's
+-- PEXPIRE leave: newest + window - now, that is newest - cutoff, with the
+-- newest entry after the last pass (the script's clock is frozen, so that
+-- deadline is the one it would have set mid-call).
+--
+-- A log's state here holds for the cutoff (now - window) it was read at:
+-- every decision on Redis TIME shares one `now`, but one on the app's clock
+-- may bring another cutoff, and then the log's pending writes go out and it
+-- is read again. A rejection's Retry-After needs the k-th oldest unit inside
+-- the window, which only Redis has: the log's pending writes go out first,
+-- and the answer is kept until a pass moves the log, so a flood's
+-- rejections ask once per call.
+--
+-- A key of another type fails its first read (ZCOUNT), inside `decide`,
+-- before anything of that decision is kept, as it fails the lone script;
+-- it is not remembered, so every decision on it fails. What a decision keeps
+-- or charges, it does only after both logs are read.
+--
+-- Each decision's keys and arguments are lua/sliding_log.lua's; its two
+-- keys are always two logs (the resource's and a consumer's).
+-- `num` and `int` come from lua/batch_prelude.lua.
+
+-- Per log key: n, the units inside (cutoff, +inf); newest, the newest
+-- entry's time while n > 0; cutoff, the one the state holds for (low, the
+-- same as the ZCOUNT/ZRANGEBYSCORE bound, a string); adds, the members
+-- the call's passes added, flat score/member pairs not yet written (none:
+-- nothing to write); kth, the k-th oldest unit's time by k, since the last
+-- pass.
+local state, order = {}, {}
+
+-- Writes what passes on `key` (state `s`) left pending, as their lone writes
+-- would have left it. ZADD takes at most 500 members at a time, as alone:
+-- `unpack` has a bounded stack.
+local function write_out(key, s)
+  local adds = s.adds
+  local n = #adds
+  if n == 0 then return end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(s.cutoff))
+  for i = 1, n, 1000 do
+    redis.call('ZADD', key, unpack(adds, i, math.min(i + 999, n)))
+  end
+  redis.call('PEXPIRE', key, int(math.ceil((s.newest - s.cutoff) / 1000) + 1000))
+  s.adds = {}
+end
+
+-- The log `key` as a decision with cutoff `cutoff` sees it: read on first
+-- use, and again (after writing what is pending) when the decision's cutoff
+-- differs from the one it was read at.
+local function log_of(key, cutoff)
+  local s = state[key]
+  if s ~= nil then
+    if s.cutoff == cutoff then return s end
+    write_out(key, s)
+  end
+  local low = '(' .. int(cutoff)
+  local n = redis.call('ZCOUNT', key, low, '+inf')
+  local newest = nil
+  if n > 0 then
+    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  end
+  if s == nil then order[#order + 1] = key end
+  s = {n = n, newest = newest, cutoff = cutoff, low = low, adds = {}}
+  state[key] = s
+  return s
+end
+
+-- How long until `cost` more units fit the log `key` (state `s`) with
+-- `limit` and `window` at `now`, nil if they fit now: until enough of its
+-- oldest units leave the window; a cost above the limit never fits, and
+-- waits for the whole log instead (lua/sliding_log.lua).
+local function wait_for(key, s, cost, limit, window, now)
+  local n = s.n
+  if n + cost <= limit then return nil end
+  local free = math.min(n + cost - limit, n)
+  if free <= 0 then return window end
+  local kth = s.kth
+  if kth == nil then
+    kth = {}
+    s.kth = kth
+  end
+  local at = kth[free]
+  if at == nil then
+    write_out(key, s)
+    at = tonumber(redis.call('ZRANGEBYSCORE', key, s.low, '+inf',
+      'WITHSCORES', 'LIMIT', free - 1, 1)[2])
+    kth[free] = at
+  end
+  return at + window - now
+end
+
+-- A log (state `s`) that `cost` units at `now` went into.
+local function grown(s, now, cost)
+  s.n = s.n + cost
+  if s.newest == nil or s.newest < now then s.newest = now end
+  s.kth = nil
+end
+
+-- Strings that every pass of a flood would format again, each formatted
+-- once (a number's formatting costs Redis's Lua a C sprintf): the score of
+-- the last `now` charged, and each unit's number.
+local last_now, last_score, units = nil, nil, {}
+
+-- What a pass's lone writes do to both logs (states `s1`, `s2`): `cost`
+-- members each, scored `now` and named "<time>:<request id>:<unit>" (the
+-- expiry follows from the newest entry: see above).
+local function charge(s1, s2, now, cost, id)
+  if now ~= last_now then last_now, last_score = now, int(now) end
+  local score = last_score
+  local stem = score .. ':' .. id .. ':'
+  local adds1, adds2 = s1.adds, s2.adds
+  local m1, m2 = #adds1, #adds2
+  for unit = 0, cost - 1 do
+    local name = units[unit]
+    if name == nil then
+      name = tostring(unit)
+      units[unit] = name
+    end
+    local member = stem .. name
+    adds1[m1 + 1], adds1[m1 + 2] = score, member
+    adds2[m2 + 1], adds2[m2 + 2] = score, member
+    m1, m2 = m1 + 2, m2 + 2
+  end
+  grown(s1, now, cost)
+  grown(s2, now, cost)
+end
+
+-- When the log is empty again.
+local function reset(s, window, now)
+  if s.newest then return s.newest + window end
+  return now
+end
+
+-- One decision: KEYS[k + 1] (the resource's log) and KEYS[k + 2] (this
+-- consumer's), arguments ARGV[a + 1 ..] (see lua/batch.lua), `now` from
+-- Redis TIME or nil.
+local function decide(k, _, a, _, now)
+  now = now or num(ARGV[a + 1])
+  local cost = num(ARGV[a + 2])
+  local id = ARGV[a + 3]
+  local limit1, window1 = num(ARGV[a + 4]), num(ARGV[a + 5])
+  local limit2, window2 = num(ARGV[a + 6]), num(ARGV[a + 7])
+  local key1, key2 = KEYS[k + 1], KEYS[k + 2]
+  local s1 = log_of(key1, now - window1)
+  local s2 = log_of(key2, now - window2)
+
+  -- The rejecting log that frees up last decides Retry-After; on a tie, the
+  -- resource's.
+  local wait1 = wait_for(key1, s1, cost, limit1, window1, now)
+  local wait2 = wait_for(key2, s2, cost, limit2, window2, now)
+  if wait2 and not (wait1 and wait1 >= wait2) then
+    return struct.pack('>Hlllllll', 7, 0, limit2, math.min(s2.n, limit2),
+      reset(s2, window2, now), wait2, now, 1)
+  end
+  if wait1 then
+    return struct.pack('>Hlllllll', 7, 0, limit1, math.min(s1.n, limit1),
+      reset(s1, window1, now), wait1, now, 0)
+  end
+
+  if cost > 0 then charge(s1, s2, now, cost, id) end
+
+  -- When both fit, report the one with the least left.
+  if limit2 - s2.n < limit1 - s1.n then
+    return struct.pack('>Hlllllllll', 9, 1, limit2, s2.n, reset(s2, window2, now), -1, now, 1,
+      now, tonumber(id))
+  end
+  return struct.pack('>Hlllllllll', 9, 1, limit1, s1.n, reset(s1, window1, now), -1, now, 0,
+    now, tonumber(id))
+end
+
+-- Writes what the call's passes left pending on each log.
+local function flush()
+  for _, key in ipairs(order) do write_out(key, state[key]) end
+end
