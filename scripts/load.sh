@@ -313,6 +313,12 @@ for store in $stores; do
         if [ "$outcome" = pass ] && awk -v x="$(share $store $outcome full "$route")" 'BEGIN { exit !(x > 0.01) }'; then
           t=- ok="n/a: mostly 429"
         fi
+        # A reject run that mostly passed measured the passing path: the
+        # concurrency limit of 1 admits every request when each one ends
+        # before the next starts (one server thread, an instant handler).
+        if [ "$outcome" = reject ] && [ "$t" != - ] && awk -v x="$(share $store $outcome full "$route")" 'BEGIN { exit !(x < 0.5) }'; then
+          t=- ok="n/a: mostly passed"
+        fi
       fi
       echo "| $store | $outcome | $route | $(fig $store $outcome full "$route" 6) | $(busy $store $outcome full "$route") | $(fig $store $outcome full "$route" 13) | $r | $w | $t | $ok | $(ms "$(fig $store $outcome full "$route" 7)") | $(ms "$(fig $store $outcome full "$route" 8)") | $(share $store $outcome full "$route") |"
     done
