@@ -500,6 +500,23 @@ fn with_named_ids(decisions: &[(Strategy, Decision)], ids: &BTreeMap<u64, usize>
         .collect()
 }
 
+/// Who makes a round's decision `i`, and at what cost: the first few go out
+/// alone; then "k" and a new caller, first seen inside a batch, with mixed
+/// costs: a look (0), and `too_much`, more than any quota can take.
+fn caller_and_cost(i: u64, too_much: u64) -> (String, u64) {
+    let key = match i {
+        0..4 => format!("alone{i}"),
+        _ if i % 3 == 0 => "new".to_owned(),
+        _ => "k".to_owned(),
+    };
+    let cost = match i {
+        7 => 0,
+        8 => too_much,
+        _ => 1 + i % 2,
+    };
+    (key, cost)
+}
+
 /// The rounds of [`decide_rounds`], at these seconds after the warm-up: the
 /// first rolls "k"'s window over; the second runs on a clock set back 30 s,
 /// before the windows the first one opened (a stored window later than
@@ -555,19 +572,7 @@ async fn decide_rounds(
             let decisions: Vec<_> = (0..PER_ROUND)
                 .map(|i| {
                     let (store, policy, clock) = (store.clone(), policy.clone(), clock.clone());
-                    // The first few go out alone; then "k" and a new caller,
-                    // first seen inside a batch, with mixed costs: a look
-                    // (0) and one no quota can ever take among them.
-                    let key = match i {
-                        0..4 => format!("alone{i}"),
-                        _ if i % 3 == 0 => "new".to_owned(),
-                        _ => "k".to_owned(),
-                    };
-                    let cost = match i {
-                        7 => 0,
-                        8 => 11,
-                        _ => 1 + i % 2,
-                    };
+                    let (key, cost) = caller_and_cost(i, 11);
                     let at = (START + secs * 1_000_000).saturating_add_signed(offset(i));
                     // The store reads the clock before the task first waits.
                     tokio::spawn(async move {
@@ -1534,17 +1539,7 @@ async fn batched_concurrency_checks_and_releases_leave_what_lone_ones_do() {
                 }
                 decisions.push({
                     let (store, policy) = (store.clone(), policy.clone());
-                    let key = match i {
-                        0..4 => format!("alone{i}"),
-                        _ if i % 3 == 0 => "new".to_owned(),
-                        _ => "k".to_owned(),
-                    };
-                    // A look (0), and one more than the limit among them.
-                    let cost = match i {
-                        7 => 0,
-                        8 => 6,
-                        _ => 1 + i % 2,
-                    };
+                    let (key, cost) = caller_and_cost(i, 6);
                     tokio::spawn(async move {
                         let d = store.check(&policy, &Key::new(&key), cost).await;
                         (key, d)

@@ -78,15 +78,14 @@ fn leaky(store: &MemoryStore) -> (Router, Policy) {
     (app, policy)
 }
 
-#[tokio::test(start_paused = true)]
-async fn leaky_bucket_requests_wait_their_turn_and_the_overflow_gets_429() {
-    let clock = ManualClock::new(T0);
-    let store = MemoryStore::with_clock(clock.clone());
-    let policy = Policy::leaky_bucket(
-        "feeding",
-        Quota::per_second(NonZeroU32::new(10).unwrap()),
-        NonZeroU32::new(3).unwrap(),
-    );
+/// An app behind `policy` on `store` whose handler notes when it starts (on
+/// the runtime's clock), and `requests` sent to it at once: the responses,
+/// and each handler's start after the first request was sent, sorted, in µs.
+async fn handler_starts(
+    policy: Policy,
+    store: MemoryStore,
+    requests: usize,
+) -> (Vec<Response<Body>>, Vec<u128>) {
     let started = Arc::new(Mutex::new(Vec::new()));
     let seen = started.clone();
     let layer = RateLimitLayer::builder()
@@ -107,10 +106,30 @@ async fn leaky_bucket_requests_wait_their_turn_and_the_overflow_gets_429() {
         )
         .layer(layer)
         .layer(MockConnectInfo(SocketAddr::from((PEER, 1))));
-
     let t0 = tokio::time::Instant::now();
-    let calls: Vec<_> = (0..4).map(|_| app.clone().oneshot(get_root())).collect();
+    let calls: Vec<_> = (0..requests)
+        .map(|_| app.clone().oneshot(get_root()))
+        .collect();
     let responses = futures_join_all(calls).await;
+    let mut offsets: Vec<_> = started
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.duration_since(t0).as_micros())
+        .collect();
+    offsets.sort();
+    (responses, offsets)
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaky_bucket_requests_wait_their_turn_and_the_overflow_gets_429() {
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let policy = Policy::leaky_bucket(
+        "feeding",
+        Quota::per_second(NonZeroU32::new(10).unwrap()),
+        NonZeroU32::new(3).unwrap(),
+    );
+    let (responses, offsets) = handler_starts(policy, store, 4).await;
     let statuses: Vec<_> = responses.iter().map(|r| r.status()).collect();
     assert_eq!(
         statuses,
@@ -125,14 +144,7 @@ async fn leaky_bucket_requests_wait_their_turn_and_the_overflow_gets_429() {
 
     // The handlers ran one interval apart, on the runtime's (paused) clock:
     // the waits were sleeps, not blocking.
-    let mut offsets: Vec<_> = started
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|t| t.duration_since(t0).as_millis())
-        .collect();
-    offsets.sort();
-    assert_eq!(offsets, [0, 100, 200]);
+    assert_eq!(offsets, [0, 100_000, 200_000]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -141,42 +153,13 @@ async fn a_turn_less_than_a_timer_tick_away_is_not_slept() {
     // within the first millisecond, where tokio's timer cannot tell them
     // apart; the other four are slept, each to its turn or later.
     let store = MemoryStore::with_clock(ManualClock::new(T0));
-    let started = Arc::new(Mutex::new(Vec::new()));
-    let seen = started.clone();
-    let layer = RateLimitLayer::builder()
-        .policy(Policy::leaky_bucket(
-            "feeding",
-            Quota::per_second(NonZeroU32::new(4000).unwrap()),
-            NonZeroU32::new(8).unwrap(),
-        ))
-        .store(store)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route(
-            "/",
-            get(move || {
-                let seen = seen.clone();
-                async move {
-                    seen.lock().unwrap().push(tokio::time::Instant::now());
-                    "fed"
-                }
-            }),
-        )
-        .layer(layer)
-        .layer(MockConnectInfo(SocketAddr::from((PEER, 1))));
-
-    let t0 = tokio::time::Instant::now();
-    let calls: Vec<_> = (0..8).map(|_| app.clone().oneshot(get_root())).collect();
-    let responses = futures_join_all(calls).await;
+    let policy = Policy::leaky_bucket(
+        "feeding",
+        Quota::per_second(NonZeroU32::new(4000).unwrap()),
+        NonZeroU32::new(8).unwrap(),
+    );
+    let (responses, offsets) = handler_starts(policy, store, 8).await;
     assert!(responses.iter().all(|r| r.status() == StatusCode::OK));
-    let mut offsets: Vec<_> = started
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|t| t.duration_since(t0).as_micros())
-        .collect();
-    offsets.sort();
     assert_eq!(offsets[..4], [0, 0, 0, 0], "{offsets:?}");
     for (offset, turn) in offsets[4..].iter().zip([1000, 1250, 1500, 1750]) {
         assert!(*offset >= turn, "{offsets:?}");
