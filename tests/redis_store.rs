@@ -506,7 +506,7 @@ fn with_named_ids(decisions: &[(Strategy, Decision)], ids: &BTreeMap<u64, usize>
 fn caller_and_cost(i: u64, too_much: u64) -> (String, u64) {
     let key = match i {
         0..4 => format!("alone{i}"),
-        _ if i % 3 == 0 => "new".to_owned(),
+        _ if i.is_multiple_of(3) => "new".to_owned(),
         _ => "k".to_owned(),
     };
     let cost = match i {
@@ -622,9 +622,10 @@ fn assert_same_rounds(alone: &Rounds, batched: &Rounds, keys: usize) {
     }
 }
 
-/// How many decisions of `rounds` passed, and for the sliding logs, how
-/// many passed and were rejected reporting each log.
-fn outcomes(rounds: &Rounds, policies: &[Policy]) -> (usize, BTreeMap<(bool, usize), usize>) {
+/// Asserts that `rounds` had what the batches must get right: passes (some,
+/// not most) and rejections, and for the sliding logs passes and rejections
+/// reporting either log.
+fn assert_mixed_outcomes(rounds: &Rounds, policies: &[Policy]) {
     let mut logs = BTreeMap::new();
     for (d, p) in &rounds.decisions {
         if *policies[*p].strategy() == Strategy::SlidingLog {
@@ -632,12 +633,13 @@ fn outcomes(rounds: &Rounds, policies: &[Policy]) -> (usize, BTreeMap<(bool, usi
         }
     }
     let passes = rounds.decisions.iter().filter(|(d, _)| d.allowed).count();
-    (passes, logs)
+    assert!(
+        (60..rounds.decisions.len() * 3 / 4).contains(&passes),
+        "{passes} passes"
+    );
+    let every = [(false, 0), (false, 1), (true, 0), (true, 1)];
+    assert!(every.iter().all(|o| logs.contains_key(o)), "{logs:?}");
 }
-
-/// The outcomes a sliding log's batch must get right: passes and
-/// rejections, each reporting either log.
-const EVERY_LOG_OUTCOME: [(bool, usize); 4] = [(false, 0), (false, 1), (true, 0), (true, 1)];
 
 #[tokio::test]
 async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones_do() {
@@ -721,15 +723,7 @@ async fn batched_decisions_read_and_write_each_key_once_and_leave_what_lone_ones
     // Six callers per policy, two keys each for the two-quota windows, and
     // a log per caller beside the resource's for the sliding logs.
     assert_same_rounds(&alone, &batched, 6 * (1 + 2 + 1 + 2 + 1) + 3 * 7);
-    let (passes, logs) = outcomes(&batched, &policies);
-    assert!(
-        (60..alone.decisions.len() * 3 / 4).contains(&passes),
-        "{passes} passes"
-    );
-    assert!(
-        EVERY_LOG_OUTCOME.iter().all(|o| logs.contains_key(o)),
-        "{logs:?}"
-    );
+    assert_mixed_outcomes(&batched, &policies);
 }
 
 #[tokio::test]
@@ -769,15 +763,7 @@ async fn batched_decisions_on_the_apps_clock_leave_what_lone_ones_do() {
         assert!(batched[0] < decisions, "{}: {batched:?}", policy.name());
     }
     assert_same_rounds(&alone, &batched, 6 * (2 + 1 + 2 + 1) + 3 * 7);
-    let (passes, logs) = outcomes(&batched, &policies);
-    assert!(
-        (60..alone.decisions.len() * 3 / 4).contains(&passes),
-        "{passes} passes"
-    );
-    assert!(
-        EVERY_LOG_OUTCOME.iter().all(|o| logs.contains_key(o)),
-        "{logs:?}"
-    );
+    assert_mixed_outcomes(&batched, &policies);
 }
 
 /// A small deterministic generator (xorshift64*), for decisions that differ
