@@ -77,8 +77,8 @@ impl Batcher {
         }
     }
 
-    /// Runs the charging `script` with `keys` and `args`, alone or in a
-    /// batch: the integers it returns.
+    /// Runs the writing `script` (a charge, or a slot's release) with `keys`
+    /// and `args`, alone or in a batch: the integers it returns.
     pub(crate) async fn eval(
         &self,
         script: &'static LuaScript,

@@ -156,12 +156,13 @@ pub(crate) struct Scripts {
     pub(crate) concurrency: LuaScript,
     pub(crate) concurrency_peek: LuaScript,
     pub(crate) concurrency_release: LuaScript,
-    /// Each charging script beside its batch wrapper.
+    /// Each script that batches (the charging ones and the concurrency
+    /// release) beside its batch wrapper.
     batches: Vec<(String, LuaScript)>,
 }
 
 impl Scripts {
-    /// The batch wrapper of the charging script `check`, if it has one.
+    /// The batch wrapper of the writing script `check`, if it has one.
     pub(crate) fn batch_of(&self, check: &LuaScript) -> Option<&LuaScript> {
         self.batches
             .iter()
