@@ -14,8 +14,9 @@
 --              decision that repeats the keys before it sends none
 -- ARGV[1]      n, the number of decisions
 -- then for each decision: '=' when it has the keys and arguments of the
--- decision before (a flood of one caller), else its key count, its argument
--- count (-1: the arguments of the decision before, sent once) and arguments.
+-- decision before (a flood of one caller), else its key count (-1: the keys
+-- of the decision before, sent once), its argument count (-1: the arguments
+-- of the decision before, sent once) and arguments.
 --
 -- Reply: one string, each decision's reply packed after the one before: n
 -- (2 bytes, big-endian, at least 1) and the n integers its script returns
@@ -53,8 +54,10 @@ for c = 1, tonumber(ARGV[1]) do
   if ARGV[a] == '=' then
     a = a + 1
   else
-    kn, nk = k, tonumber(ARGV[a])
-    k = k + nk
+    if ARGV[a] ~= '-1' then
+      kn, nk = k, tonumber(ARGV[a])
+      k = k + nk
+    end
     local count = tonumber(ARGV[a + 1])
     a = a + 2
     if count >= 0 then

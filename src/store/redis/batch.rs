@@ -205,6 +205,7 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
         .map(|i| match i.checked_sub(1).map(|p| &jobs[p]) {
             Some(p) if p.args == jobs[i].args && p.keys == jobs[i].keys => Repeat::All,
             Some(p) if p.args == jobs[i].args => Repeat::Args,
+            Some(p) if p.keys == jobs[i].keys => Repeat::Keys,
             _ => Repeat::Nothing,
         })
         .collect();
@@ -212,7 +213,7 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     let mut key_counts = Vec::with_capacity(jobs.len());
     for (job, repeat) in jobs.iter_mut().zip(&repeats) {
         key_counts.push(job.keys.len());
-        if *repeat != Repeat::All {
+        if !matches!(repeat, Repeat::All | Repeat::Keys) {
             keys.extend(job.keys.drain(..));
         }
     }
@@ -222,6 +223,10 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
         match repeat {
             Repeat::All => args.push(Part::Text("=")),
             Repeat::Args => args.extend([Part::Count(nk), Part::Text("-1")]),
+            Repeat::Keys => {
+                args.extend([Part::Text("-1"), Part::Count(job.args.len())]);
+                args.extend(job.args.iter().map(|&a| Part::Int(a)));
+            }
             Repeat::Nothing => {
                 args.extend([Part::Count(nk), Part::Count(job.args.len())]);
                 args.extend(job.args.iter().map(|&a| Part::Int(a)));
@@ -267,6 +272,9 @@ impl Failure {
 enum Repeat {
     Nothing,
     Args,
+    /// The keys only: a flood whose decisions each carry a request id (the
+    /// sliding log, the concurrency limit), or the app's clock.
+    Keys,
     All,
 }
 
