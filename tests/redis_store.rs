@@ -1455,6 +1455,100 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
 }
 
 #[tokio::test]
+async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = Policy::concurrency(
+        "held",
+        NonZeroU32::new(10).unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let (slots, other) = (Key::new("k"), Key::new("other"));
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(store.check(&policy, &slots, 1).await.unwrap().receipt);
+    }
+
+    let sleeper = put_to_sleep(&server, "0.3").await;
+    // Four calls take every slot while Redis sleeps; the releases queue,
+    // and their callers give up (as a release guard's deadline would).
+    let sent: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, policy, other) = (store.clone(), policy.clone(), other.clone());
+            tokio::spawn(async move { store.check(&policy, &other, 1).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    for receipt in &held {
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(10),
+            store.refund(&policy, &slots, receipt),
+        )
+        .await;
+        assert!(gave_up.is_err(), "Redis is asleep: nothing can answer yet");
+    }
+    for d in sent {
+        assert!(d.await.unwrap().unwrap().allowed);
+    }
+    sleeper.join().unwrap();
+    // The releases go out in the next call (from a task of the batcher's).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let used = store.peek(&policy, &slots).await.unwrap().used;
+        if used == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{used} slots still held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_release_queued_after_a_check_goes_out_before_it() {
+    // Both wait in one batch; the release only frees room, so it goes first
+    // and the check finds the slot free (either order is a valid history of
+    // two concurrent calls; this one never rejects for nothing).
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy =
+        Policy::concurrency("one", NonZeroU32::new(1).unwrap(), Duration::from_secs(60)).unwrap();
+    let (slot, other) = (Key::new("k"), Key::new("other"));
+    let held = store.check(&policy, &slot, 1).await.unwrap().receipt;
+    let unrelated = Policy::concurrency(
+        "many",
+        NonZeroU32::new(10).unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+
+    let sleeper = put_to_sleep(&server, "0.2").await;
+    let sent: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, unrelated, other) = (store.clone(), unrelated.clone(), other.clone());
+            tokio::spawn(async move { store.check(&unrelated, &other, 1).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let check = {
+        let (store, policy, slot) = (store.clone(), policy.clone(), slot.clone());
+        tokio::spawn(async move { store.check(&policy, &slot, 1).await })
+    };
+    tokio::task::yield_now().await;
+    let release = {
+        let (store, policy) = (store.clone(), policy.clone());
+        tokio::spawn(async move { store.refund(&policy, &slot, &held).await })
+    };
+    for d in sent {
+        assert!(d.await.unwrap().unwrap().allowed);
+    }
+    sleeper.join().unwrap();
+    release.await.unwrap().unwrap();
+    let d = check.await.unwrap().unwrap();
+    assert!(d.allowed, "the release went first: {d:?}");
+}
+
+#[tokio::test]
 async fn decisions_resume_after_a_redis_restart() {
     let mut server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();

@@ -54,6 +54,11 @@ struct Job {
     keys: KeyList,
     args: Args,
     reply: oneshot::Sender<Answer>,
+    /// A give-back (a concurrency slot's release): sent even when its caller
+    /// stopped waiting, for dropped it would hold the slot until the store's
+    /// timeout, and ahead of the charges queued beside it, since it only
+    /// frees room.
+    gives_back: bool,
 }
 
 /// A decision script's integers, or why there are none.
@@ -77,13 +82,37 @@ impl Batcher {
         }
     }
 
-    /// Runs the writing `script` (a charge, or a slot's release) with `keys`
-    /// and `args`, alone or in a batch: the integers it returns.
+    /// Runs the charging `script` with `keys` and `args`, alone or in a
+    /// batch: the integers it returns. Dropped while queued (its request gave
+    /// up), the charge is never sent.
     pub(crate) async fn eval(
         &self,
         script: &'static LuaScript,
         keys: KeyList,
         args: Args,
+    ) -> Answer {
+        self.run(script, keys, args, false).await
+    }
+
+    /// Runs a give-back `script` (a concurrency slot's release) as
+    /// [`eval`](Self::eval) runs a charge, except that once queued it is
+    /// sent even if this call is dropped, and before the charges queued with
+    /// it.
+    pub(crate) async fn give_back(
+        &self,
+        script: &'static LuaScript,
+        keys: KeyList,
+        args: Args,
+    ) -> Answer {
+        self.run(script, keys, args, true).await
+    }
+
+    async fn run(
+        &self,
+        script: &'static LuaScript,
+        keys: KeyList,
+        args: Args,
+        gives_back: bool,
     ) -> Answer {
         let route = {
             let mut state = self.shared.lock();
@@ -97,6 +126,7 @@ impl Batcher {
                     keys,
                     args,
                     reply,
+                    gives_back,
                 });
                 Route::Queued(answer)
             }
@@ -133,8 +163,10 @@ impl Shared {
     fn next_batch(&self) -> Option<Vec<Job>> {
         let mut state = self.lock();
         // A decision whose request has given up (the layer's deadline) is
-        // not charged.
-        state.queue.retain(|job| !job.reply.is_closed());
+        // not charged; a give-back always goes out.
+        state
+            .queue
+            .retain(|job| job.gives_back || !job.reply.is_closed());
         if state.queue.is_empty() {
             state.in_flight -= 1;
             return None;
@@ -177,10 +209,12 @@ impl Drop for Slot {
     }
 }
 
-/// Sends one batch, a call per script (usually one), and hands out replies.
+/// Sends one batch, a call per script (usually one), give-backs first, and
+/// hands out replies.
 async fn send(conn: &Connection, mut jobs: Vec<Job>) {
     while !jobs.is_empty() {
-        let script = jobs[0].script;
+        let first = jobs.iter().position(|j| j.gives_back).unwrap_or(0);
+        let script = jobs[first].script;
         let (same, rest): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
             .partition(|j| std::ptr::eq(j.script, script));

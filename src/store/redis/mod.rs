@@ -493,7 +493,7 @@ impl RedisStore {
         let args = Args::from_slice(&[int(id), int(receipt.cost())]);
         match self.batcher_for(&keys) {
             Some(batcher) => {
-                batcher.eval(script, keys, args).await?;
+                batcher.give_back(script, keys, args).await?;
             }
             None => {
                 self.inner.conn.eval(script, &keys, &args, false).await?;
