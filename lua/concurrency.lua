@@ -62,12 +62,16 @@ end
 
 if cost > 0 then
   if not dry_run then
-    local args = {}
+    -- At most 500 members per ZADD: `unpack` has a bounded stack.
+    local score, args = int(now), {}
     for i = 0, cost - 1 do
-      args[#args + 1] = int(now)
+      args[#args + 1] = score
       args[#args + 1] = id .. ':' .. i
+      if #args >= 1000 or i == cost - 1 then
+        redis.call('ZADD', KEYS[1], unpack(args))
+        args = {}
+      end
     end
-    redis.call('ZADD', KEYS[1], unpack(args))
     redis.call('PEXPIRE', KEYS[1], int(math.ceil(timeout / 1000)))
   end
   count = count + cost

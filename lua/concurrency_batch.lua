@@ -78,25 +78,31 @@ local function decide(k, _, a, _, now)
         s.oldest = tonumber(redis.call('ZRANGEBYSCORE', key, s.live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
       end
       local oldest = s.oldest
-      if #s.members > 0 and (oldest == nil or now < oldest) then oldest = now end
+      if #s.members > 0 and now > s.floor and (oldest == nil or now < oldest) then
+        oldest = now
+      end
       retry = math.min(oldest + timeout - now, 1000000)
     end
     return {0, limit, math.min(s.count, limit), reset, retry, now, 0}
   end
 
   local id = ARGV[a + 5]
+  local count, newest = s.count, s.newest
   if cost > 0 then
     local members = s.members
     for i = 0, cost - 1 do
       members[#members + 1] = id .. ':' .. i
     end
     s.px = int(math.ceil(timeout / 1000))
-    s.count = s.count + cost
-    if not s.newest or now > s.newest then s.newest = now end
+    count = count + cost
+    if not newest or now > newest then newest = now end
+    -- Entries started at the floor never count (now 0 on an app clock):
+    -- the next decision does not see these, as alone it would not.
+    if now > s.floor then s.count, s.newest = count, newest end
   end
   local reset = now
-  if s.newest then reset = s.newest + timeout end
-  return {1, limit, s.count, reset, -1, now, 0, tonumber(id)}
+  if newest then reset = newest + timeout end
+  return {1, limit, count, reset, -1, now, 0, tonumber(id)}
 end
 
 -- Writes out each key the decisions touched.

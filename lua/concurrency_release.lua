@@ -10,9 +10,14 @@
 -- decision's, so releases batch as decisions do (lua/batch.lua): a
 -- crowd's releases cost Redis one call, not one each.
 
-local members = {}
-for i = 0, tonumber(ARGV[2]) - 1 do
+-- At most 1,000 members per ZREM: `unpack` has a bounded stack.
+local removed, members = 0, {}
+local cost = tonumber(ARGV[2])
+for i = 0, cost - 1 do
   members[#members + 1] = ARGV[1] .. ':' .. i
+  if #members >= 1000 or i == cost - 1 then
+    removed = removed + redis.call('ZREM', KEYS[1], unpack(members))
+    members = {}
+  end
 end
-if #members == 0 then return {0} end
-return {redis.call('ZREM', KEYS[1], unpack(members))}
+return {removed}

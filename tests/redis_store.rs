@@ -1549,6 +1549,81 @@ async fn a_release_queued_after_a_check_goes_out_before_it() {
 }
 
 #[tokio::test]
+async fn thousands_of_concurrency_slots_are_taken_and_given_back_alone_or_batched() {
+    // More members than one `unpack` may hold, alone and in a batch.
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = Policy::concurrency(
+        "big",
+        NonZeroU32::new(100_000).unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let key = Key::new("k");
+    let alone = store.check(&policy, &key, 9_000).await.unwrap();
+    assert!(alone.allowed, "{alone:?}");
+    let batched: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            tokio::spawn(async move { store.check(&policy, &key, 9_000).await })
+        })
+        .collect();
+    let mut receipts = vec![alone.receipt];
+    for d in batched {
+        let d = d.await.unwrap().unwrap();
+        assert!(d.allowed, "{d:?}");
+        receipts.push(d.receipt);
+    }
+    let name = "batch:{big|k}:concurrency:0";
+    let members: u64 = server.conn().zcard(name).unwrap();
+    assert_eq!(members, 9 * 9_000);
+    let releases: Vec<_> = receipts
+        .into_iter()
+        .map(|receipt| {
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            tokio::spawn(async move { store.refund(&policy, &key, &receipt).await })
+        })
+        .collect();
+    for r in releases {
+        r.await.unwrap().unwrap();
+    }
+    let members: u64 = server.conn().zcard(name).unwrap();
+    assert_eq!(members, 0, "every slot given back");
+}
+
+#[tokio::test]
+async fn concurrency_decisions_at_time_zero_batch_as_alone() {
+    // On an app clock at 0 the floor (now - timeout, at least 0) is 0 too:
+    // slots started then never count, alone or batched.
+    let server = RedisServer::start();
+    let policy =
+        Policy::concurrency("zero", NonZeroU32::new(2).unwrap(), Duration::from_secs(60)).unwrap();
+    let mut runs = Vec::new();
+    for batching in [false, true] {
+        let clock = tollgate::ManualClock::new(0);
+        let prefix = format!("zero-{batching}");
+        let store =
+            std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
+        let decisions: Vec<_> = (0..12)
+            .map(|_| {
+                let store = store.clone();
+                let policy = policy.clone();
+                tokio::spawn(async move { store.check(&policy, &Key::new("k"), 1).await })
+            })
+            .collect();
+        let mut seen = Vec::new();
+        for d in decisions {
+            let mut d = d.await.unwrap().unwrap();
+            d.receipt = Receipt::default();
+            seen.push(d);
+        }
+        runs.push(seen);
+    }
+    assert_eq!(runs[0], runs[1]);
+    assert!(runs[1].iter().all(|d| d.allowed), "{:?}", runs[1]);
+}
+
+#[tokio::test]
 async fn decisions_resume_after_a_redis_restart() {
     let mut server = RedisServer::start();
     let store = RedisStore::connect(&server.url()).await.unwrap();
