@@ -36,7 +36,8 @@ pub struct Decision {
     /// How long to wait before retrying; set on rejections.
     pub retry_after: Option<Duration>,
     /// How long an allowed request waits before it proceeds: its place in a
-    /// leaky bucket's queue. `None` proceeds at once (every other strategy).
+    /// leaky bucket's queue. `None` proceeds at once (every other strategy);
+    /// the layer does not sleep for a wait under 0.1 ms either.
     pub delay: Option<Duration>,
     /// Which of the policy's quotas the numbers describe (0-based).
     pub quota: usize,

@@ -83,13 +83,14 @@ enum Decider {
     Fallback,
 }
 
-/// The shortest wait a leaky bucket's pass is made to serve. Tokio's timer
-/// ticks once a millisecond, so any shorter sleep would end at the next tick:
-/// the requests whose turns fall within one millisecond leave together either
-/// way, and sleeping would only add up to a millisecond to each (and a timer
-/// to arm). The turn itself, and the bucket's rate, are the store's and do
-/// not change.
-const SHORTEST_WAIT: Duration = Duration::from_millis(1);
+/// The shortest wait a leaky bucket's pass is made to serve: a tenth of
+/// Tokio's timer tick. Any sleep ends on a tick, once a millisecond, so a
+/// flood at a high rate (turns microseconds apart) would otherwise arm a
+/// timer per request and wait up to a millisecond for a turn a few
+/// microseconds away. Passing such a request at once starts it at most
+/// 0.1 ms early, well inside the timer's own resolution. The turn itself,
+/// and the bucket's rate, are the store's and do not change.
+const SHORTEST_WAIT: Duration = Duration::from_micros(100);
 
 /// A request allowed through, with what is needed to settle it.
 pub(crate) struct Pass {

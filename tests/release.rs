@@ -148,20 +148,20 @@ async fn leaky_bucket_requests_wait_their_turn_and_the_overflow_gets_429() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_turn_less_than_a_timer_tick_away_is_not_slept() {
-    // One every 250 µs, eight in the bucket: the first four turns fall
-    // within the first millisecond, where tokio's timer cannot tell them
-    // apart; the other four are slept, each to its turn or later.
+async fn a_turn_less_than_a_tenth_of_a_timer_tick_away_is_not_slept() {
+    // One every 25 µs, eight in the bucket: the first four turns fall within
+    // 0.1 ms and start at once; the other four are slept, each to its turn
+    // or later (Tokio's timer ticks once a millisecond).
     let store = MemoryStore::with_clock(ManualClock::new(T0));
     let policy = Policy::leaky_bucket(
         "feeding",
-        Quota::per_second(NonZeroU32::new(4000).unwrap()),
+        Quota::per_second(NonZeroU32::new(40_000).unwrap()),
         NonZeroU32::new(8).unwrap(),
     );
     let (responses, offsets) = handler_starts(policy, store, 8).await;
     assert!(responses.iter().all(|r| r.status() == StatusCode::OK));
     assert_eq!(offsets[..4], [0, 0, 0, 0], "{offsets:?}");
-    for (offset, turn) in offsets[4..].iter().zip([1000, 1250, 1500, 1750]) {
+    for (offset, turn) in offsets[4..].iter().zip([100, 125, 150, 175]) {
         assert!(*offset >= turn, "{offsets:?}");
     }
 }
