@@ -25,7 +25,10 @@
 //! ```
 //!
 //! Without `REDIS_URL` the bench starts its own `redis-server` (no
-//! persistence) on a free port. After criterion's output it prints a summary
+//! persistence) on a free port. Give it a server of its own either way: to
+//! capture the store's commands it sets `slowlog-log-slower-than` to 0 for a
+//! moment and resets the slow log, and another client's scripts would be
+//! captured too. After criterion's output it prints a summary
 //! with medians and the ratios that `BENCHMARKS.md` tracks.
 
 #[path = "../examples/support/lineup.rs"]
