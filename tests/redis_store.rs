@@ -23,6 +23,12 @@ use tollgate::{
 };
 use tower::ServiceExt;
 
+/// A concurrency limit of `limit` slots, each presumed crashed after a minute.
+fn slots(name: &str, limit: u32) -> Policy {
+    let limit = NonZeroU32::new(limit).unwrap();
+    Policy::concurrency(name.to_owned(), limit, Duration::from_secs(60)).unwrap()
+}
+
 fn per_minute(n: u32) -> Quota {
     Quota::per_minute(NonZeroU32::new(n).unwrap())
 }
@@ -1057,12 +1063,7 @@ async fn a_decision_on_a_key_of_another_type_fails_alone_in_every_kind_of_batch(
         Policy::gcra("gcra", per_minute(100), three),
         Policy::sliding_window("window", per_minute(100)),
         Policy::leaky_bucket("leaky", per_minute(100), three),
-        Policy::concurrency(
-            "slots",
-            NonZeroU32::new(100).unwrap(),
-            Duration::from_secs(60),
-        )
-        .unwrap(),
+        slots("slots", 100),
         // The bad key is the caller's log, read after the resource's.
         Policy::sliding_log("log", per_minute(100), per_minute(100)),
     ];
@@ -1458,12 +1459,7 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
 async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
     let server = RedisServer::start();
     let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy = Policy::concurrency(
-        "held",
-        NonZeroU32::new(10).unwrap(),
-        Duration::from_secs(60),
-    )
-    .unwrap();
+    let policy = slots("held", 10);
     let (slots, other) = (Key::new("k"), Key::new("other"));
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -1511,16 +1507,10 @@ async fn a_release_queued_after_a_check_goes_out_before_it() {
     // two concurrent calls; this one never rejects for nothing).
     let server = RedisServer::start();
     let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy =
-        Policy::concurrency("one", NonZeroU32::new(1).unwrap(), Duration::from_secs(60)).unwrap();
+    let policy = slots("one", 1);
     let (slot, other) = (Key::new("k"), Key::new("other"));
     let held = store.check(&policy, &slot, 1).await.unwrap().receipt;
-    let unrelated = Policy::concurrency(
-        "many",
-        NonZeroU32::new(10).unwrap(),
-        Duration::from_secs(60),
-    )
-    .unwrap();
+    let unrelated = slots("many", 10);
 
     let sleeper = put_to_sleep(&server, "0.2").await;
     let sent: Vec<_> = (0..4)
@@ -1553,12 +1543,7 @@ async fn thousands_of_concurrency_slots_are_taken_and_given_back_alone_or_batche
     // More members than one `unpack` may hold, alone and in a batch.
     let server = RedisServer::start();
     let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy = Policy::concurrency(
-        "big",
-        NonZeroU32::new(100_000).unwrap(),
-        Duration::from_secs(60),
-    )
-    .unwrap();
+    let policy = slots("big", 100_000);
     let key = Key::new("k");
     let alone = store.check(&policy, &key, 9_000).await.unwrap();
     assert!(alone.allowed, "{alone:?}");
@@ -1596,8 +1581,7 @@ async fn concurrency_decisions_at_time_zero_batch_as_alone() {
     // On an app clock at 0 the floor (now - timeout, at least 0) is 0 too:
     // slots started then never count, alone or batched.
     let server = RedisServer::start();
-    let policy =
-        Policy::concurrency("zero", NonZeroU32::new(2).unwrap(), Duration::from_secs(60)).unwrap();
+    let policy = slots("zero", 2);
     let mut runs = Vec::new();
     for batching in [false, true] {
         let clock = tollgate::ManualClock::new(0);
