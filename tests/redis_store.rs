@@ -1419,6 +1419,23 @@ async fn a_redis_slower_than_the_deadline_applies_the_failure_policy() {
     assert_eq!(decision.remaining, 1);
 }
 
+/// Four checks on `key`, sent: while Redis sleeps they hold every one of
+/// the batcher's slots, so whatever comes next queues.
+async fn take_every_slot(
+    store: &std::sync::Arc<RedisStore>,
+    policy: &Policy,
+    key: &Key,
+) -> Vec<tokio::task::JoinHandle<Result<tollgate::Decision, tollgate::StoreError>>> {
+    let sent = (0..4)
+        .map(|_| {
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            tokio::spawn(async move { store.check(&policy, &key, 1).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    sent
+}
+
 #[tokio::test]
 async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
     let server = RedisServer::start();
@@ -1427,15 +1444,9 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
     store.check(&policy, &Key::new("k"), 1).await.unwrap();
 
     let sleeper = put_to_sleep(&server, "0.3").await;
-    // Four calls take every slot while Redis sleeps; the rest queue, and
-    // their requests give up (as the layer's deadline would).
-    let sent: Vec<_> = (0..4)
-        .map(|_| {
-            let (store, policy) = (store.clone(), policy.clone());
-            tokio::spawn(async move { store.check(&policy, &Key::new("k"), 1).await })
-        })
-        .collect();
-    tokio::task::yield_now().await;
+    // The rest queue, and their requests give up (as the layer's deadline
+    // would).
+    let sent = take_every_slot(&store, &policy, &Key::new("k")).await;
     for _ in 0..10 {
         let gave_up = tokio::time::timeout(
             Duration::from_millis(10),
@@ -1467,15 +1478,9 @@ async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
     }
 
     let sleeper = put_to_sleep(&server, "0.3").await;
-    // Four calls take every slot while Redis sleeps; the releases queue,
-    // and their callers give up (as a release guard's deadline would).
-    let sent: Vec<_> = (0..4)
-        .map(|_| {
-            let (store, policy, other) = (store.clone(), policy.clone(), other.clone());
-            tokio::spawn(async move { store.check(&policy, &other, 1).await })
-        })
-        .collect();
-    tokio::task::yield_now().await;
+    // The releases queue, and their callers give up (as a release guard's
+    // deadline would).
+    let sent = take_every_slot(&store, &policy, &other).await;
     for receipt in &held {
         let gave_up = tokio::time::timeout(
             Duration::from_millis(10),
@@ -1513,13 +1518,7 @@ async fn a_release_queued_after_a_check_goes_out_before_it() {
     let unrelated = slots("many", 10);
 
     let sleeper = put_to_sleep(&server, "0.2").await;
-    let sent: Vec<_> = (0..4)
-        .map(|_| {
-            let (store, unrelated, other) = (store.clone(), unrelated.clone(), other.clone());
-            tokio::spawn(async move { store.check(&unrelated, &other, 1).await })
-        })
-        .collect();
-    tokio::task::yield_now().await;
+    let sent = take_every_slot(&store, &unrelated, &other).await;
     let check = {
         let (store, policy, slot) = (store.clone(), policy.clone(), slot.clone());
         tokio::spawn(async move { store.check(&policy, &slot, 1).await })
