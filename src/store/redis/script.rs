@@ -199,6 +199,41 @@ impl Trio {
     }
 }
 
+/// The strategies whose batches read and write each key once per call, not
+/// per decision (`lua/*_batch.lua`); the others run each decision's script.
+const OWN_BATCHES: [(&str, &str, &str); 6] = [
+    (
+        "fixed_window",
+        "fixed_window_batch",
+        include_str!("../../../lua/fixed_window_batch.lua"),
+    ),
+    (
+        "gcra",
+        "gcra_batch",
+        include_str!("../../../lua/gcra_batch.lua"),
+    ),
+    (
+        "leaky_bucket",
+        "leaky_bucket_batch",
+        include_str!("../../../lua/leaky_bucket_batch.lua"),
+    ),
+    (
+        "sliding_window",
+        "sliding_window_batch",
+        include_str!("../../../lua/sliding_window_batch.lua"),
+    ),
+    (
+        "concurrency",
+        "concurrency_batch",
+        include_str!("../../../lua/concurrency_batch.lua"),
+    ),
+    (
+        "sliding_log",
+        "sliding_log_batch",
+        include_str!("../../../lua/sliding_log_batch.lua"),
+    ),
+];
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let fixed_window = include_str!("../../../lua/fixed_window.lua");
     let leaky_bucket = include_str!("../../../lua/leaky_bucket.lua");
@@ -226,33 +261,9 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         .iter()
         .map(|&(name, source)| {
             let sha = LuaScript::decision(name, source).sha;
-            let batch = match name {
-                // Their own batches read and write each key once per call,
-                // not per decision; the others run each decision's script.
-                "fixed_window" => LuaScript::batch_with(
-                    "fixed_window_batch",
-                    include_str!("../../../lua/fixed_window_batch.lua"),
-                ),
-                "gcra" => {
-                    LuaScript::batch_with("gcra_batch", include_str!("../../../lua/gcra_batch.lua"))
-                }
-                "leaky_bucket" => LuaScript::batch_with(
-                    "leaky_bucket_batch",
-                    include_str!("../../../lua/leaky_bucket_batch.lua"),
-                ),
-                "sliding_window" => LuaScript::batch_with(
-                    "sliding_window_batch",
-                    include_str!("../../../lua/sliding_window_batch.lua"),
-                ),
-                "concurrency" => LuaScript::batch_with(
-                    "concurrency_batch",
-                    include_str!("../../../lua/concurrency_batch.lua"),
-                ),
-                "sliding_log" => LuaScript::batch_with(
-                    "sliding_log_batch",
-                    include_str!("../../../lua/sliding_log_batch.lua"),
-                ),
-                _ => LuaScript::batch_of(name, source),
+            let batch = match OWN_BATCHES.iter().find(|own| own.0 == name) {
+                Some(&(_, batch, source)) => LuaScript::batch_with(batch, source),
+                None => LuaScript::batch_of(name, source),
             };
             (sha, batch)
         })
