@@ -49,7 +49,7 @@ local function state_of(key, now, timeout)
   local count = redis.call('ZCOUNT', key, live, '+inf')
   local newest = nil
   if count > 0 then
-    newest = tonumber(redis.call('ZREVRANGEBYSCORE', key, '+inf', live, 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    newest = tonumber(redis.call('ZREVRANGEBYSCORE', key, '+inf', live, 'WITHSCORES', 'LIMIT', '0', '1')[2])
   end
   -- stored: live entries in Redis (not waiting here); oldest: theirs, read
   -- when a rejection first needs it.
@@ -75,7 +75,7 @@ local function decide(k, _, a, _, now)
     if s.count > 0 then
       -- The oldest live entry: Redis's, or one waiting here (started now).
       if s.stored > 0 and s.oldest == nil then
-        s.oldest = tonumber(redis.call('ZRANGEBYSCORE', key, s.live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+        s.oldest = tonumber(redis.call('ZRANGEBYSCORE', key, s.live, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
       end
       local oldest = s.oldest
       if #s.members > 0 and now > s.floor and (oldest == nil or now < oldest) then

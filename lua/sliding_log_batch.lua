@@ -74,7 +74,7 @@ local function log_of(key, cutoff)
   local n = redis.call('ZCOUNT', key, low, '+inf')
   local newest = nil
   if n > 0 then
-    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    newest = tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
   end
   if s == nil then order[#order + 1] = key end
   s = {n = n, newest = newest, cutoff = cutoff, low = low, adds = {}}
@@ -100,7 +100,7 @@ local function wait_for(key, s, cost, limit, window, now)
   if at == nil then
     write_out(key, s)
     at = tonumber(redis.call('ZRANGEBYSCORE', key, s.low, '+inf',
-      'WITHSCORES', 'LIMIT', free - 1, 1)[2])
+      'WITHSCORES', 'LIMIT', int(free - 1), '1')[2])
     kth[free] = at
   end
   return at + window - now

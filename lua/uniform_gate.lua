@@ -25,7 +25,13 @@
 -- charging `cost` and writes nothing.
 local dry_run = false
 
-local function int(x) return string.format('%.0f', x) end
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 
 local now = tonumber(ARGV[1])
 if now < 0 then
