@@ -10,9 +10,12 @@
 -- decision's, so releases batch as decisions do (lua/batch.lua): a
 -- crowd's releases cost Redis one call, not one each.
 
+local cost = tonumber(ARGV[2])
+-- One slot, the common case, without a table to unpack.
+if cost == 1 then return {redis.call('ZREM', KEYS[1], ARGV[1] .. ':0')} end
+
 -- At most 1,000 members per ZREM: `unpack` has a bounded stack.
 local removed, members = 0, {}
-local cost = tonumber(ARGV[2])
 for i = 0, cost - 1 do
   members[#members + 1] = ARGV[1] .. ':' .. i
   if #members >= 1000 or i == cost - 1 then

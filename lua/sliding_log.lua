@@ -33,8 +33,17 @@
 -- charging `cost` and writes nothing.
 local dry_run = false
 
-local function int(x) return string.format('%.0f', x) end
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 
+-- Written out for the two logs, without tables: each table, closure and
+-- formatted number is work for Redis's Lua, and a lone call of this script
+-- spends more there than in its Redis commands.
 local now = tonumber(ARGV[1])
 if now < 0 then
   local t = redis.call('TIME')
@@ -43,64 +52,87 @@ end
 local cost = tonumber(ARGV[2])
 local id = ARGV[3]
 
-local n, limit, window, cutoff, newest = {}, {}, {}, {}, {}
-for i = 1, 2 do
-  limit[i] = tonumber(ARGV[2 + 2 * i])
-  window[i] = tonumber(ARGV[3 + 2 * i])
-  cutoff[i] = now - window[i]
-  n[i] = redis.call('ZCOUNT', KEYS[i], '(' .. int(cutoff[i]), '+inf')
-  if n[i] > 0 then
-    newest[i] = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2])
+-- The log `key` with `window`: its cutoff (now - window, a string), the
+-- units inside (cutoff, +inf) and its newest entry's time, nil when none is
+-- inside. A member's name starts with its score, so the newest is read
+-- without WITHSCORES, whose double Redis would format and Lua parse back.
+local function look(key, window)
+  local cutoff = int(now - window)
+  local n = redis.call('ZCOUNT', key, '(' .. cutoff, '+inf')
+  local newest = nil
+  if n > 0 then
+    newest = tonumber(string.match(redis.call('ZRANGE', key, '-1', '-1')[1], '^%d+'))
   end
+  return cutoff, n, newest
 end
-local function reset(i)
-  if newest[i] then return newest[i] + window[i] end
+
+local limit1, window1 = tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit2, window2 = tonumber(ARGV[6]), tonumber(ARGV[7])
+local cutoff1, n1, newest1 = look(KEYS[1], window1)
+local cutoff2, n2, newest2 = look(KEYS[2], window2)
+
+-- When the log is empty again: its newest entry leaves the window.
+local function reset(newest, window)
+  if newest then return newest + window end
   return now
 end
 
--- The rejecting log that frees up last decides Retry-After: the wait until
+-- How long until `cost` more units fit the log, nil if they fit now: until
 -- enough of its oldest units leave the window. A cost above the limit never
 -- fits, and waits for the whole log instead.
-local rejected, retry = nil, 0
-for i = 1, 2 do
-  if n[i] + cost > limit[i] then
-    local free = math.min(n[i] + cost - limit[i], n[i])
-    local wait = window[i]
-    if free > 0 then
-      local kth = redis.call('ZRANGEBYSCORE', KEYS[i], '(' .. int(cutoff[i]), '+inf',
-        'WITHSCORES', 'LIMIT', free - 1, 1)
-      wait = tonumber(kth[2]) + window[i] - now
-    end
-    if rejected == nil or wait > retry then rejected, retry = i, wait end
-  end
-end
-if rejected then
-  local i = rejected
-  return {0, limit[i], math.min(n[i], limit[i]), reset(i), retry, now, i - 1}
+local function wait(key, cutoff, n, limit, window)
+  if n + cost <= limit then return nil end
+  local free = math.min(n + cost - limit, n)
+  if free <= 0 then return window end
+  local kth = redis.call('ZRANGEBYSCORE', key, '(' .. cutoff, '+inf',
+    'WITHSCORES', 'LIMIT', int(free - 1), '1')
+  return tonumber(kth[2]) + window - now
 end
 
-if cost > 0 then
-  local score = int(now)
-  for i = 1, 2 do
-    n[i] = n[i] + cost
-    newest[i] = math.max(newest[i] or now, now)
-    if not dry_run then
-      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', int(cutoff[i]))
+-- The rejecting log that frees up last decides Retry-After (the resource's
+-- on a tie). When either rejects, neither is charged.
+local wait1 = wait(KEYS[1], cutoff1, n1, limit1, window1)
+local wait2 = wait(KEYS[2], cutoff2, n2, limit2, window2)
+if wait1 and (wait2 == nil or wait1 >= wait2) then
+  return {0, limit1, math.min(n1, limit1), reset(newest1, window1), wait1, now, 0}
+elseif wait2 then
+  return {0, limit2, math.min(n2, limit2), reset(newest2, window2), wait2, now, 1}
+end
+
+-- Charges the log `key`: drops what left the window, adds one member per
+-- unit and sets the expiry, one second after the newest entry leaves the
+-- window. Returns the newest entry's time.
+local score = int(now)
+local function charge(key, cutoff, newest, window)
+  if newest == nil or newest < now then newest = now end
+  if not dry_run then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
+    if cost == 1 then
+      redis.call('ZADD', key, score, score .. ':' .. id .. ':0')
+    else
+      -- At most 500 members per ZADD: `unpack` has a bounded stack.
       local batch = {}
       for unit = 0, cost - 1 do
         batch[#batch + 1] = score
         batch[#batch + 1] = score .. ':' .. id .. ':' .. unit
         if #batch >= 1000 or unit == cost - 1 then
-          redis.call('ZADD', KEYS[i], unpack(batch))
+          redis.call('ZADD', key, unpack(batch))
           batch = {}
         end
       end
-      redis.call('PEXPIRE', KEYS[i], int(math.ceil((reset(i) - now) / 1000) + 1000))
     end
+    redis.call('PEXPIRE', key, int(math.ceil((newest + window - now) / 1000) + 1000))
   end
+  return newest
+end
+if cost > 0 then
+  n1, n2 = n1 + cost, n2 + cost
+  newest1 = charge(KEYS[1], cutoff1, newest1, window1)
+  newest2 = charge(KEYS[2], cutoff2, newest2, window2)
 end
 
--- When both fit, report the one with the least left.
-local report = 1
-if limit[2] - n[2] < limit[1] - n[1] then report = 2 end
-return {1, limit[report], n[report], reset(report), -1, now, report - 1, now, tonumber(id)}
+-- When both fit, report the one with the least left (the resource's on a tie).
+if limit2 - n2 < limit1 - n1 then
+  return {1, limit2, n2, reset(newest2, window2), -1, now, 1, now, tonumber(id)}
+end
+return {1, limit1, n1, reset(newest1, window1), -1, now, 0, now, tonumber(id)}
