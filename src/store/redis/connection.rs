@@ -80,8 +80,19 @@ impl Connection {
         match self {
             Connection::Manager(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
             Connection::Multiplexed(c) => script.eval(&mut c.clone(), keys, args, read_only).await,
+            // Boxed, with its redirections and retries: as large as that
+            // future is, every call's future would otherwise carry and move
+            // it, whatever the connection.
             Connection::Cluster(c, retries, _) => {
-                super::cluster::eval(&mut c.clone(), *retries, script, keys, args, read_only).await
+                Box::pin(super::cluster::eval(
+                    &mut c.clone(),
+                    *retries,
+                    script,
+                    keys,
+                    args,
+                    read_only,
+                ))
+                .await
             }
             Connection::Pool(p) => p.eval(script, keys, args, read_only).await,
             Connection::Sharded(s) => s.eval(script, keys, args, read_only).await,
@@ -109,9 +120,17 @@ impl PooledConnection {
     }
 
     async fn connection(&self) -> RedisResult<MultiplexedConnection> {
-        if let Some(conn) = self.lock().clone() {
-            return Ok(conn);
+        let cached = self.lock().clone();
+        match cached {
+            Some(conn) => Ok(conn),
+            // Boxed: deadpool's checkout is a future of kilobytes, which
+            // every call's future would otherwise carry and move.
+            None => Box::pin(self.check_out()).await,
         }
+    }
+
+    /// A connection from the pool, kept for the calls that follow.
+    async fn check_out(&self) -> RedisResult<MultiplexedConnection> {
         let object = self.pool.get().await.map_err(|err| {
             redis::RedisError::from((
                 redis::ErrorKind::Io,

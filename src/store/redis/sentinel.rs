@@ -239,9 +239,17 @@ impl SentinelConnection {
 
     /// The primary's connection, asking the sentinels if there is none.
     async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
-        if let Some(current) = self.cached() {
-            return Ok(current);
+        match self.cached() {
+            Some(current) => Ok(current),
+            // Boxed: finding the primary takes a future of kilobytes, which
+            // every call's future would otherwise carry and move.
+            None => Box::pin(self.discover()).await,
         }
+    }
+
+    /// Asks the sentinels for the primary and connects to it, unless
+    /// another request did meanwhile or the last attempt was too recent.
+    async fn discover(&self) -> RedisResult<(MultiplexedConnection, u64)> {
         let mut client = self.client.lock().await;
         if let Some(current) = self.cached() {
             return Ok(current); // another request found it while we waited
