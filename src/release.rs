@@ -70,6 +70,18 @@ impl ReleaseGuard {
         else {
             return;
         };
+        // A store that gives back at once (in process), or that commits to
+        // sending it (a Redis batch's queue), needs no task.
+        if let Some(given) = store.refund_now(&limiter.policy, &key, &receipt) {
+            match given {
+                Ok(()) => {
+                    tracing::trace!(policy = limiter.policy.name(), "rate limit charge released")
+                }
+                Err(err) => tracing::warn!(policy = limiter.policy.name(), error = %err,
+                    "rate limit release failed; the charge expires in the store instead"),
+            }
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 policy = limiter.policy.name(),
@@ -90,9 +102,9 @@ impl ReleaseGuard {
                 ),
             }
         });
-        // An in-process store gives back at once: polled here, the release
-        // needs no task (spawning one cost more than the release itself). A
-        // store that has to wait finishes in a task, polled again there.
+        // Polled once here, a release that completes at once needs no task
+        // (spawning one costs more than the release itself); one that has
+        // to wait finishes in a task, polled again there.
         if release
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))

@@ -1506,6 +1506,50 @@ async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
 }
 
 #[tokio::test]
+async fn a_release_behind_busy_calls_is_queued_and_answered_at_once() {
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = slots("held", 10);
+    let (slots, other) = (Key::new("k"), Key::new("other"));
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(store.check(&policy, &slots, 1).await.unwrap().receipt);
+    }
+    let kept = held.pop().unwrap();
+    assert!(
+        store.refund_now(&policy, &slots, &kept).is_none(),
+        "with a slot free a release is sent by its caller, not queued"
+    );
+    assert!(store
+        .refund_now(&Policy::fixed_window("core", per_minute(5)), &slots, &kept)
+        .is_none());
+
+    let sleeper = put_to_sleep(&server, "0.3").await;
+    let sent = take_every_slot(&store, &policy, &other).await;
+    for receipt in &held {
+        let answered = store.refund_now(&policy, &slots, receipt);
+        assert!(
+            matches!(answered, Some(Ok(()))),
+            "Redis is asleep, yet a queued release needs no wait: {answered:?}"
+        );
+    }
+    for d in sent {
+        assert!(d.await.unwrap().unwrap().allowed);
+    }
+    sleeper.join().unwrap();
+    // The queued releases go out in the next call; the kept slot stays.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let used = store.peek(&policy, &slots).await.unwrap().used;
+        if used == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{used} slots held, not 1");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
 async fn a_release_queued_after_a_check_goes_out_before_it() {
     // Both wait in one batch; the release only frees room, so it goes first
     // and the check finds the slot free (either order is a valid history of

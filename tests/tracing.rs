@@ -6,6 +6,8 @@
 //! interest and made these tests flaky. Each test captures only its own
 //! thread's output (tokio tests run on one thread).
 
+mod support;
+
 use std::cell::RefCell;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -186,4 +188,77 @@ async fn store_failures_warn_with_the_hashed_key() {
     );
     assert!(warning.contains("kind=\"unavailable\""), "{warning}");
     assert!(!out.contains("192.0.2.44"), "{out}");
+}
+
+#[tokio::test]
+async fn a_queued_release_that_fails_is_warned_about() {
+    use redis::Commands;
+    use std::time::Duration;
+
+    let server = support::redis::RedisServer::start();
+    let conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let store = std::sync::Arc::new(
+        tollgate::RedisStore::from_connection(conn)
+            .prefix("t")
+            .batching(true)
+            .build()
+            .unwrap(),
+    );
+    let ten = NonZeroU32::new(10).unwrap();
+    let policy = Policy::concurrency("held", ten, Duration::from_secs(60)).unwrap();
+    let receipt = store
+        .check(&policy, &Key::new("k"), 1)
+        .await
+        .unwrap()
+        .receipt;
+    // The slot's set replaced by a string: its release fails in Redis.
+    let mut direct = server.conn();
+    let keys: Vec<String> = direct.keys("t:*").unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let _: () = direct.set(&keys[0], "x").unwrap();
+
+    // Redis asleep under four calls in flight: the release queues, and no
+    // one waits for it.
+    let url = server.url();
+    let sleeper = std::thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.2")
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let busy: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move { store.check(&policy, &Key::new("other"), 1).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    capture();
+    let answered = store.refund_now(&policy, &Key::new("k"), &receipt);
+    assert!(matches!(answered, Some(Ok(()))), "{answered:?}");
+    for call in busy {
+        assert!(call.await.unwrap().unwrap().allowed);
+    }
+    sleeper.join().unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !captured().contains("rate limit release failed") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning in {}",
+            captured()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let out = captured();
+    let warning = out.lines().find(|l| l.contains("release failed")).unwrap();
+    assert!(warning.contains(" WARN "), "{warning}");
+    assert!(warning.contains("WRONGTYPE"), "{warning}");
 }

@@ -107,6 +107,32 @@ impl Batcher {
         self.run(script, keys, args, true).await
     }
 
+    /// Queues a give-back `script` if every slot is taken, and answers
+    /// whether it did: queued, it goes out ahead of the next batch whatever
+    /// becomes of the caller, which need not wait (a failure is logged when
+    /// the batch comes back). With a slot free nothing is queued, and the
+    /// caller sends it with [`give_back`](Self::give_back).
+    pub(crate) fn queue_give_back(
+        &self,
+        script: &'static LuaScript,
+        keys: KeyList,
+        args: Args,
+    ) -> bool {
+        let mut state = self.shared.lock();
+        if state.in_flight < MAX_IN_FLIGHT {
+            return false;
+        }
+        let (reply, _unheard) = oneshot::channel();
+        state.queue.push(Job {
+            script,
+            keys,
+            args,
+            reply,
+            gives_back: true,
+        });
+        true
+    }
+
     async fn run(
         &self,
         script: &'static LuaScript,
@@ -228,9 +254,10 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
         for job in jobs {
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
-            let _ = job
-                .reply
-                .send(reply.map_err(StoreError::from).and_then(reply::integers));
+            deliver(
+                job,
+                reply.map_err(StoreError::from).and_then(reply::integers),
+            );
         }
         return;
     };
@@ -275,13 +302,25 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     match answers {
         Ok(answers) => {
             for (job, answer) in jobs.into_iter().zip(answers) {
-                let _ = job.reply.send(answer);
+                deliver(job, answer);
             }
         }
         Err(failure) => {
             for job in jobs {
-                let _ = job.reply.send(Err(failure.to_store_error()));
+                deliver(job, Err(failure.to_store_error()));
             }
+        }
+    }
+}
+
+/// Hands a job its answer. A give-back whose caller is not listening (it
+/// gave up, or never waited) has its failure logged here, as its caller
+/// would have.
+fn deliver(job: Job, answer: Answer) {
+    if let Err(Err(err)) = job.reply.send(answer) {
+        if job.gives_back {
+            tracing::warn!(script = job.script.name, error = %err,
+                "rate limit release failed; the charge expires in the store instead");
         }
     }
 }

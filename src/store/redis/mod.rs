@@ -489,8 +489,7 @@ impl RedisStore {
     /// decisions that take slots, so a crowd frees them at the same cost.
     async fn release(&self, keys: KeyList, receipt: &Receipt) -> Result<(), StoreError> {
         let script = &SCRIPTS.concurrency_release;
-        let id = receipt.stamps().first().copied().unwrap_or(0);
-        let args = Args::from_slice(&[int(id), int(receipt.cost())]);
+        let args = release_args(receipt);
         match self.batcher_for(&keys) {
             Some(batcher) => {
                 batcher.give_back(script, keys, args).await?;
@@ -569,6 +568,12 @@ impl RedisStore {
     }
 }
 
+/// `lua/concurrency_release.lua`'s arguments: the slot's id and cost.
+fn release_args(receipt: &Receipt) -> Args {
+    let id = receipt.stamps().first().copied().unwrap_or(0);
+    Args::from_slice(&[int(id), int(receipt.cost())])
+}
+
 /// A decision script's arguments, all integers: inline for every one-quota
 /// policy, so a decision allocates no argument list.
 pub(crate) type Args = smallvec::SmallVec<[i64; 8]>;
@@ -628,6 +633,28 @@ impl Store for RedisStore {
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.give_back(policy, key, receipt))
+    }
+
+    /// A concurrency slot's release that would queue behind the calls in
+    /// flight is queued and answered at once: it goes out ahead of the next
+    /// batch whatever becomes of its caller, so nothing needs to wait for
+    /// it (no task, no timer); a failure is logged when the batch returns.
+    /// Anything else is `None`: await [`refund`](Store::refund).
+    fn refund_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+    ) -> Option<Result<(), StoreError>> {
+        if !matches!(policy.strategy(), Strategy::Concurrency) || receipt.is_empty() {
+            return None;
+        }
+        let keys = self.inner.keys.quota_keys(policy, key);
+        let batcher = self.batcher_for(&keys)?;
+        let script = &SCRIPTS.concurrency_release;
+        batcher
+            .queue_give_back(script, keys, release_args(receipt))
+            .then_some(Ok(()))
     }
 }
 
