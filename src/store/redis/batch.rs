@@ -85,26 +85,26 @@ impl Batcher {
     /// Runs the charging `script` with `keys` and `args`, alone or in a
     /// batch: the integers it returns. Dropped while queued (its request gave
     /// up), the charge is never sent.
-    pub(crate) async fn eval(
+    pub(crate) fn eval(
         &self,
         script: &'static LuaScript,
         keys: KeyList,
         args: Args,
-    ) -> Answer {
-        self.run(script, keys, args, false).await
+    ) -> impl std::future::Future<Output = Answer> + Send + '_ {
+        self.run(script, keys, args, false)
     }
 
     /// Runs a give-back `script` (a concurrency slot's release) as
     /// [`eval`](Self::eval) runs a charge, except that once queued it is
     /// sent even if this call is dropped, and before the charges queued with
     /// it.
-    pub(crate) async fn give_back(
+    pub(crate) fn give_back(
         &self,
         script: &'static LuaScript,
         keys: KeyList,
         args: Args,
-    ) -> Answer {
-        self.run(script, keys, args, true).await
+    ) -> impl std::future::Future<Output = Answer> + Send + '_ {
+        self.run(script, keys, args, true)
     }
 
     /// Queues a give-back `script` if every slot is taken, and answers
@@ -133,18 +133,24 @@ impl Batcher {
         true
     }
 
-    async fn run(
+    /// Takes a slot or a place in the queue now, when called, and returns
+    /// the wait for the answer: a future that holds only what its route
+    /// needs (an `async fn` would also keep its arguments), so a pending
+    /// decision stays small. Dropped unpolled, its slot is handed on and
+    /// its queued charge is never sent.
+    fn run(
         &self,
         script: &'static LuaScript,
         keys: KeyList,
         args: Args,
         gives_back: bool,
-    ) -> Answer {
+    ) -> impl std::future::Future<Output = Answer> + Send + '_ {
         let route = {
             let mut state = self.shared.lock();
             if state.in_flight < MAX_IN_FLIGHT {
                 state.in_flight += 1;
-                Route::Alone(keys, args)
+                // Hands the slot on when the call ends, or is cancelled.
+                Route::Alone(keys, args, Slot(self.shared.clone()))
             } else {
                 let (reply, answer) = oneshot::channel();
                 state.queue.push(Job {
@@ -157,25 +163,25 @@ impl Batcher {
                 Route::Queued(answer)
             }
         };
-        match route {
-            Route::Alone(keys, args) => {
-                // Hands the slot on when this call ends, or is cancelled.
-                let _slot = Slot(self.shared.clone());
-                reply::integers(self.shared.conn.eval(script, &keys, &args, false).await?)
+        async move {
+            match route {
+                Route::Alone(keys, args, _slot) => {
+                    reply::integers(self.shared.conn.eval(script, &keys, &args, false).await?)
+                }
+                Route::Queued(answer) => answer.await.unwrap_or_else(|_| {
+                    Err(StoreError::from(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the batch was dropped before Redis answered",
+                    ))))
+                }),
             }
-            Route::Queued(answer) => answer.await.unwrap_or_else(|_| {
-                Err(StoreError::from(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "the batch was dropped before Redis answered",
-                ))))
-            }),
         }
     }
 }
 
 /// Where one decision goes: out at once, or into the queue.
 enum Route {
-    Alone(KeyList, Args),
+    Alone(KeyList, Args, Slot),
     Queued(oneshot::Receiver<Answer>),
 }
 

@@ -88,19 +88,30 @@ impl LuaScript {
         let cmd = self.evalsha_cmd(keys, args, read_only);
         match cmd.query_async(conn).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                tracing::debug!(
-                    script = self.name,
-                    "NOSCRIPT: loading the script and retrying once"
-                );
-                let _: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(&self.source)
-                    .query_async(conn)
-                    .await?;
-                cmd.query_async(conn).await
+                // Boxed: the rare path's futures would otherwise enlarge
+                // every call's.
+                Box::pin(self.load_and_retry(conn, cmd)).await
             }
             other => other,
         }
+    }
+
+    /// After `NOSCRIPT`: loads the script and sends `cmd` again, once.
+    async fn load_and_retry<C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+        cmd: Cmd,
+    ) -> RedisResult<Value> {
+        tracing::debug!(
+            script = self.name,
+            "NOSCRIPT: loading the script and retrying once"
+        );
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&self.source)
+            .query_async(conn)
+            .await?;
+        cmd.query_async(conn).await
     }
 
     /// `EVALSHA` (or `EVALSHA_RO`) of this script.

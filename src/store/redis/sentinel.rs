@@ -383,7 +383,9 @@ impl SentinelConnection {
         read_only: bool,
     ) -> RedisResult<Value> {
         if read_only {
-            if let Some(value) = self.eval_on_replica(script, keys, args).await {
+            // Boxed: reads are the rare call, and their future would
+            // otherwise enlarge every call's.
+            if let Some(value) = Box::pin(self.eval_on_replica(script, keys, args)).await {
                 return Ok(value);
             }
         }
