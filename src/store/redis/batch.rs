@@ -247,6 +247,10 @@ async fn send(conn: &Connection, mut jobs: Vec<Job>) {
     while !jobs.is_empty() {
         let first = jobs.iter().position(|j| j.gives_back).unwrap_or(0);
         let script = jobs[first].script;
+        // Most batches hold one script: sent as they are, not sorted apart.
+        if jobs.iter().all(|j| std::ptr::eq(j.script, script)) {
+            return send_one_script(conn, script, jobs).await;
+        }
         let (same, rest): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
             .partition(|j| std::ptr::eq(j.script, script));
