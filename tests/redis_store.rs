@@ -1494,13 +1494,19 @@ async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
     }
     sleeper.join().unwrap();
     // The releases go out in the next call (from a task of the batcher's).
+    until_slots_held(&store, &policy, &slots, 0).await;
+}
+
+/// Waits (two seconds at most) until `key` holds `n` slots of `policy`:
+/// releases queued behind a sleeping Redis go out in a task of their own.
+async fn until_slots_held(store: &RedisStore, policy: &Policy, key: &Key, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let used = store.peek(&policy, &slots).await.unwrap().used;
-        if used == 0 {
-            break;
+        let used = store.peek(policy, key).await.unwrap().used;
+        if used == n {
+            return;
         }
-        assert!(Instant::now() < deadline, "{used} slots still held");
+        assert!(Instant::now() < deadline, "{used} slots held, not {n}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -1538,15 +1544,7 @@ async fn a_release_behind_busy_calls_is_queued_and_answered_at_once() {
     }
     sleeper.join().unwrap();
     // The queued releases go out in the next call; the kept slot stays.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let used = store.peek(&policy, &slots).await.unwrap().used;
-        if used == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{used} slots held, not 1");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_slots_held(&store, &policy, &slots, 1).await;
 }
 
 #[tokio::test]
