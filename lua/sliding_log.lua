@@ -55,7 +55,8 @@ local id = ARGV[3]
 -- The log `key` with `window`: its cutoff (now - window, a string), the
 -- units inside (cutoff, +inf) and its newest entry's time, nil when none is
 -- inside. A member's name starts with its score, so the newest is read
--- without WITHSCORES, whose double Redis would format and Lua parse back.
+-- without WITHSCORES, whose double Redis would format and Lua parse back
+-- (scores are times, never negative: `now` is Redis TIME or the app's u64).
 local function look(key, window)
   local cutoff = int(now - window)
   local n = redis.call('ZCOUNT', key, '(' .. cutoff, '+inf')

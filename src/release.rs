@@ -16,10 +16,13 @@ use crate::limiter::Limiter;
 use crate::store::Store;
 
 /// Gives a receipt back to the store that charged it when dropped, unless
-/// disarmed first. The store call runs in a spawned task, bounded by the
-/// layer's deadline; if it fails (Redis is down) the charge simply times
-/// out in the store (a concurrency slot after its timeout, a leaky bucket's
-/// place when its turn passes), so nothing leaks and nothing waits.
+/// disarmed first. A store that gives back at once, or commits to sending
+/// it (`Store::refund_now`: the memory store, a Redis release queued for
+/// a later batch), needs nothing more; otherwise the store call runs in a
+/// spawned task, bounded by the layer's deadline. If it fails (Redis is
+/// down) the charge simply times out in the store (a concurrency slot
+/// after its timeout, a leaky bucket's place when its turn passes), so
+/// nothing leaks and nothing waits.
 pub(crate) struct ReleaseGuard(Option<Release>);
 
 struct Release {
@@ -74,9 +77,10 @@ impl ReleaseGuard {
         // sending it (a Redis batch's queue), needs no task.
         if let Some(given) = store.refund_now(&limiter.policy, &key, &receipt) {
             match given {
-                Ok(()) => {
-                    tracing::trace!(policy = limiter.policy.name(), "rate limit charge released")
-                }
+                Ok(()) => tracing::trace!(
+                    policy = limiter.policy.name(),
+                    "rate limit charge released, or queued to be"
+                ),
                 Err(err) => tracing::warn!(policy = limiter.policy.name(), error = %err,
                     "rate limit release failed; the charge expires in the store instead"),
             }

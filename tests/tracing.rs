@@ -261,4 +261,5 @@ async fn a_queued_release_that_fails_is_warned_about() {
     let warning = out.lines().find(|l| l.contains("release failed")).unwrap();
     assert!(warning.contains(" WARN "), "{warning}");
     assert!(warning.contains("WRONGTYPE"), "{warning}");
+    assert!(!out.contains(&keys[0]), "raw keys stay out of logs: {out}");
 }

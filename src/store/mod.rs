@@ -99,6 +99,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Gives `receipt` back at once, if this store can; `None` (the default)
     /// means "await [`refund`](Store::refund)". See [`check_now`](Store::check_now).
     ///
+    /// `Some(Ok(()))` may also mean the store has committed to giving it
+    /// back without anyone waiting: the Redis store queues a concurrency
+    /// release this way when its calls are all busy, to go out with a
+    /// later batch.
+    ///
     /// ```
     /// use std::num::NonZeroU32;
     /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};

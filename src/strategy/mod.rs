@@ -119,8 +119,9 @@ pub enum Strategy {
     /// which no store can foresee, so a rejection's `Retry-After` is a hint:
     /// one second, or sooner if the oldest entry times out sooner.
     ///
-    /// Costs one `EVALSHA` per request (`ZREMRANGEBYSCORE`, `ZCOUNT`, two
-    /// `ZRANGEBYSCORE`, and for a pass `ZADD` + `PEXPIRE`) and one for the
+    /// Costs one `EVALSHA` per request (`ZREMRANGEBYSCORE`, `ZCOUNT`,
+    /// `ZREVRANGEBYSCORE`, and for a rejection a `ZRANGEBYSCORE`, for a pass
+    /// `ZADD` + `PEXPIRE`) and one for the
     /// release (`ZREM`); one sorted set per key holding at most `limit`
     /// members (about 150 bytes for one, 30 more per slot up to 128 slots,
     /// about 120 per slot beyond), expiring one timeout after the last

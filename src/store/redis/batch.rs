@@ -108,10 +108,11 @@ impl Batcher {
     }
 
     /// Queues a give-back `script` if every slot is taken, and answers
-    /// whether it did: queued, it goes out ahead of the next batch whatever
-    /// becomes of the caller, which need not wait (a failure is logged when
-    /// the batch comes back). With a slot free nothing is queued, and the
-    /// caller sends it with [`give_back`](Self::give_back).
+    /// whether it did: queued, it goes out in its turn, ahead of the charges
+    /// in the batch it joins, whatever becomes of the caller, which need not
+    /// wait (a failure is logged when the batch comes back; with Redis hung,
+    /// it waits in the queue like every call). With a slot free nothing is
+    /// queued, and the caller sends it with [`give_back`](Self::give_back).
     pub(crate) fn queue_give_back(
         &self,
         script: &'static LuaScript,
@@ -136,8 +137,8 @@ impl Batcher {
     /// Takes a slot or a place in the queue now, when called, and returns
     /// the wait for the answer: a future that holds only what its route
     /// needs (an `async fn` would also keep its arguments), so a pending
-    /// decision stays small. Dropped unpolled, its slot is handed on and
-    /// its queued charge is never sent.
+    /// decision stays small. Dropped unpolled, its slot is handed on, and
+    /// a queued charge is never sent (a give-back still is).
     fn run(
         &self,
         script: &'static LuaScript,
@@ -168,12 +169,9 @@ impl Batcher {
                 Route::Alone(keys, args, _slot) => {
                     reply::integers(self.shared.conn.eval(script, &keys, &args, false).await?)
                 }
-                Route::Queued(answer) => answer.await.unwrap_or_else(|_| {
-                    Err(StoreError::from(redis::RedisError::from((
-                        redis::ErrorKind::Io,
-                        "the batch was dropped before Redis answered",
-                    ))))
-                }),
+                Route::Queued(answer) => answer
+                    .await
+                    .unwrap_or_else(|_| Err(unsent("the batch was dropped before Redis answered"))),
             }
         }
     }
@@ -216,8 +214,17 @@ impl Drop for Slot {
         let Some(batch) = self.0.next_batch() else {
             return;
         };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to send from: the batch fails (a give-back that no
+            // one waits for is logged) and the slot is freed.
+            for job in batch {
+                deliver(job, Err(unsent("no Tokio runtime to send the batch from")));
+            }
+            self.0.lock().in_flight -= 1;
+            return;
+        };
         let shared = self.0.clone();
-        let flush = async move {
+        runtime.spawn(async move {
             let mut batch = batch;
             loop {
                 send(&shared.conn, batch).await;
@@ -226,19 +233,13 @@ impl Drop for Slot {
                     None => return,
                 }
             }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(flush);
-            }
-            // No runtime to send from: the waiting decisions fail (their
-            // senders drop with the future) and the slot is freed.
-            Err(_) => {
-                drop(flush);
-                self.0.lock().in_flight -= 1;
-            }
-        }
+        });
     }
+}
+
+/// A call that never reached Redis, and why.
+fn unsent(why: &'static str) -> StoreError {
+    StoreError::from(redis::RedisError::from((redis::ErrorKind::Io, why)))
 }
 
 /// Sends one batch, a call per script (usually one), give-backs first, and
