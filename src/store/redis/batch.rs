@@ -123,14 +123,8 @@ impl Batcher {
         if state.in_flight < MAX_IN_FLIGHT {
             return false;
         }
-        let (reply, _unheard) = oneshot::channel();
-        state.queue.push(Job {
-            script,
-            keys,
-            args,
-            reply,
-            gives_back: true,
-        });
+        // No one listens for the answer: `deliver` logs a failure.
+        drop(state.enqueue(script, keys, args, true));
         true
     }
 
@@ -153,15 +147,7 @@ impl Batcher {
                 // Hands the slot on when the call ends, or is cancelled.
                 Route::Alone(keys, args, Slot(self.shared.clone()))
             } else {
-                let (reply, answer) = oneshot::channel();
-                state.queue.push(Job {
-                    script,
-                    keys,
-                    args,
-                    reply,
-                    gives_back,
-                });
-                Route::Queued(answer)
+                Route::Queued(state.enqueue(script, keys, args, gives_back))
             }
         };
         async move {
@@ -174,6 +160,27 @@ impl Batcher {
                     .unwrap_or_else(|_| Err(unsent("the batch was dropped before Redis answered"))),
             }
         }
+    }
+}
+
+impl State {
+    /// Queues a call for the next free slot: where its answer will come.
+    fn enqueue(
+        &mut self,
+        script: &'static LuaScript,
+        keys: KeyList,
+        args: Args,
+        gives_back: bool,
+    ) -> oneshot::Receiver<Answer> {
+        let (reply, answer) = oneshot::channel();
+        self.queue.push(Job {
+            script,
+            keys,
+            args,
+            reply,
+            gives_back,
+        });
+        answer
     }
 }
 
