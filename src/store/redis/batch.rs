@@ -107,6 +107,12 @@ impl Batcher {
         self.run(script, keys, args, true)
     }
 
+    /// Whether every slot is taken, so that a call would queue (a hint: it
+    /// may change before the call is made).
+    pub(crate) fn is_busy(&self) -> bool {
+        self.shared.lock().in_flight >= MAX_IN_FLIGHT
+    }
+
     /// Queues a give-back `script` if every slot is taken, and answers
     /// whether it did: queued, it goes out in its turn, ahead of the charges
     /// in the batch it joins, whatever becomes of the caller, which need not

@@ -655,6 +655,10 @@ impl Store for RedisStore {
         if !matches!(policy.strategy(), Strategy::Concurrency) || receipt.is_empty() {
             return None;
         }
+        // With a slot free (low load) the caller sends it: build nothing.
+        if !self.inner.batchers.iter().any(Batcher::is_busy) {
+            return None;
+        }
         let keys = self.inner.keys.quota_keys(policy, key);
         let batcher = self.batcher_for(&keys)?;
         let script = &SCRIPTS.concurrency_release;
