@@ -415,3 +415,45 @@ fn answers(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
     }
     Ok(answers)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+    use crate::store::redis::connection::PooledConnection;
+
+    /// A batcher whose connection is never reached: a pool of a port
+    /// nothing listens on, which connects only when a call is sent.
+    fn unreachable_batcher() -> Batcher {
+        let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        Batcher::new(Connection::Pool(Arc::new(PooledConnection::new(pool))))
+    }
+
+    #[test]
+    fn a_batch_freed_with_no_runtime_fails_its_calls_and_frees_its_slot() {
+        let batcher = unreachable_batcher();
+        let script = &SCRIPTS.concurrency_release;
+        let call = || batcher.eval(script, KeyList::new(), Args::new());
+        // Every slot taken by a call made (not yet sent), then one queued.
+        let mut alone: Vec<_> = (0..MAX_IN_FLIGHT).map(|_| Box::pin(call())).collect();
+        assert!(batcher.is_busy());
+        let mut queued = pin!(call());
+        assert!(batcher.queue_give_back(script, KeyList::new(), Args::new()));
+
+        // A slot freed outside any runtime: the batch it would send fails.
+        drop(alone.pop());
+        let mut cx = Context::from_waker(Waker::noop());
+        match queued.as_mut().poll(&mut cx) {
+            Poll::Ready(Err(err)) => assert!(err.to_string().contains("no Tokio runtime"), "{err}"),
+            other => panic!("the queued call should have failed: {other:?}"),
+        }
+        assert!(batcher.shared.lock().queue.is_empty());
+        assert!(!batcher.is_busy(), "the slot is free again");
+        assert_eq!(batcher.shared.lock().in_flight, MAX_IN_FLIGHT - 1);
+    }
+}
