@@ -642,9 +642,10 @@ impl Store for RedisStore {
     }
 
     /// A concurrency slot's release that would queue behind the calls in
-    /// flight is queued and answered at once: it goes out ahead of the next
-    /// batch whatever becomes of its caller, so nothing needs to wait for
-    /// it (no task, no timer); a failure is logged when the batch returns.
+    /// flight is queued and answered at once: it goes out in its turn,
+    /// ahead of the charges in the batch it joins, whatever becomes of its
+    /// caller, so nothing needs to wait for it (no task, no timer); a
+    /// failure is logged when the batch returns.
     /// Anything else is `None`: await [`refund`](Store::refund).
     fn refund_now(
         &self,
