@@ -11,7 +11,9 @@
 -- call rather than five per decision. A decision at another `now` (an app
 -- clock) or timeout first writes out what waits and reads the key afresh.
 --
--- Each decision's keys and arguments are lua/concurrency.lua's.
+-- Each decision's keys and arguments are lua/concurrency.lua's, or
+-- lua/concurrency_release.lua's for a release (two arguments), which runs
+-- here as it would alone.
 -- `num` and `int` come from lua/batch_prelude.lua.
 
 local state, order = {}, {}
@@ -60,9 +62,33 @@ local function state_of(key, now, timeout)
   return fresh
 end
 
+-- A release (lua/concurrency_release.lua's keys and two arguments), run
+-- as alone: what the decisions before it left waiting goes out first, and
+-- the key is read afresh by the next decision on it. The store puts a
+-- batch's releases ahead of its checks, so a crowd's releases and checks
+-- share one script call.
+local function release(key, id, cost)
+  local s = state[key]
+  if s then
+    write_out(key, s)
+    s.now = nil
+  end
+  if cost == 1 then return {redis.call('ZREM', key, id .. ':0')} end
+  local removed, members = 0, {}
+  for i = 0, cost - 1 do
+    members[#members + 1] = id .. ':' .. i
+    if #members >= 1000 or i == cost - 1 then
+      removed = removed + redis.call('ZREM', key, unpack(members))
+      members = {}
+    end
+  end
+  return {removed}
+end
+
 -- One decision: KEYS[k + 1], arguments ARGV[a + 1 ..] (see lua/batch.lua),
--- `now` from Redis TIME or nil.
-local function decide(k, _, a, _, now)
+-- `now` from Redis TIME or nil; or, with two arguments, a release.
+local function decide(k, _, a, na, now)
+  if na == 2 then return release(KEYS[k + 1], ARGV[a + 1], num(ARGV[a + 2])) end
   now = now or num(ARGV[a + 1])
   local cost, limit, timeout = num(ARGV[a + 2]), num(ARGV[a + 3]), num(ARGV[a + 4])
   local key = KEYS[k + 1]

@@ -7,8 +7,9 @@
 -- ARGV[2]  cost: how many members "<id>:0" .. "<id>:cost-1" it added
 --
 -- Reply: {members removed} (0 when they timed out already), integers as a
--- decision's, so releases batch as decisions do (lua/batch.lua): a
--- crowd's releases cost Redis one call, not one each.
+-- decision's, so releases batch as decisions do: lua/concurrency_batch.lua
+-- runs this same release beside the checks, and a crowd's releases and
+-- checks cost Redis one call, not one each. Change the two together.
 
 local cost = tonumber(ARGV[2])
 -- One slot, the common case, without a table to unpack.

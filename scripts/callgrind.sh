@@ -7,6 +7,7 @@
 #   LOAD_STORE=redis scripts/callgrind.sh /strategies/unlimited /strategies/fixed_window
 #   ZOO_LIMIT=1 scripts/callgrind.sh ...     # every request after the first is a 429
 #   CG_PROCESS=redis scripts/callgrind.sh /strategies/gcra   # Redis's side instead
+#   ZOO_BIN=/tmp/zoo-before scripts/callgrind.sh ...  # a build copied aside
 #
 # Runs the release zoo (ZOO_BENCH=1) under valgrind on CPU 1, with a private
 # redis-server for LOAD_STORE=redis; for each route, warms up with wrk
@@ -39,8 +40,14 @@ for tool in valgrind callgrind_control wrk curl taskset redis-server redis-cli; 
 done
 [ $# -gt 0 ] || { echo "usage: scripts/callgrind.sh ROUTE..." >&2; exit 2; }
 
-cargo build --release --example zoo --quiet
-zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
+# ZOO_BIN: another build of the zoo (a copy made at another commit), to
+# compare two commits in one sitting.
+if [ -n "${ZOO_BIN:-}" ]; then
+  zoo_bin=$ZOO_BIN
+else
+  cargo build --release --example zoo --quiet
+  zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
+fi
 out=bench-out/callgrind
 mkdir -p "$out"
 

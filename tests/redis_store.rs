@@ -1023,6 +1023,115 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
     assert!(failed > 20, "{failed} failed of {decided}");
 }
 
+#[test]
+fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_do() {
+    // lua/concurrency.lua and lua/concurrency_release.lua run one after the
+    // other under "a:", against the same decisions and releases in calls of
+    // lua/concurrency_batch.lua under "b:", in any order (the store sends a
+    // batch's releases first; the script must not rely on it). Releases give
+    // back slots taken in earlier calls or in the same one, or never taken.
+    // Every reply, member, score and PEXPIRE must be the same.
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let lone = format!("{PEXPIRE_SHIM}{}", include_str!("../lua/concurrency.lua"));
+    let release = format!(
+        "{PEXPIRE_SHIM}{}",
+        include_str!("../lua/concurrency_release.lua")
+    );
+    let batch = format!(
+        "{PEXPIRE_SHIM}{}\n{}\n{}",
+        include_str!("../lua/batch_prelude.lua"),
+        include_str!("../lua/concurrency_batch.lua"),
+        include_str!("../lua/batch.lua")
+    );
+    let (mut decided, mut passed, mut released, mut failed) = (0, 0, 0, 0);
+    for seed in 1..=60u64 {
+        let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+        let mut keys = vec!["k1", "k2"];
+        if dice.one_in(3) {
+            keys.push("bad");
+            for side in ["a", "b"] {
+                let _: () = conn.rpush(format!("{side}:bad"), "x").unwrap();
+            }
+        }
+        let (mut clock, mut id) = (1_800_000_000_000_000i64, 1i64);
+        // Slots taken so far: key, id, cost.
+        let mut taken: Vec<(&str, i64, i64)> = Vec::new();
+        let (mut alone, mut batched) = (Vec::new(), Vec::new());
+        for _ in 0..8 {
+            let mut call: Vec<(String, Vec<i64>)> = Vec::new();
+            for _ in 0..=dice.below(12) {
+                let (key, script, args) = if dice.one_in(3) && !taken.is_empty() {
+                    let (key, id, cost) = taken[dice.below(taken.len() as u64) as usize];
+                    let id = if dice.one_in(8) { id + 7_000_000 } else { id };
+                    (key, &release, vec![id, cost])
+                } else {
+                    clock += dice.pick(&[0, 0, 0, 1, 1_000_000, 20_000_000]);
+                    let (cost, limit) = if dice.one_in(15) {
+                        (1200 + dice.below(100) as i64, 2000)
+                    } else {
+                        (dice.pick(&[0, 1, 1, 1, 2, 3]), dice.pick(&[3, 5]))
+                    };
+                    let timeout = dice.pick(&[10_000_000, 10_000_000, 5_000_000]);
+                    id += 1 + dice.below(100) as i64;
+                    let key = keys[dice.below(keys.len() as u64) as usize];
+                    (key, &lone, vec![clock, cost, limit, timeout, id])
+                };
+                let reply: redis::RedisResult<Vec<i64>> = redis::cmd("EVAL")
+                    .arg(script)
+                    .arg(1)
+                    .arg(format!("a:{key}"))
+                    .arg(&args[..])
+                    .query(&mut conn);
+                let reply = match reply {
+                    Ok(ints) => Reply::Ints(ints),
+                    Err(err) => Reply::Error(err.code().unwrap_or("?").to_owned()),
+                };
+                match (&reply, args.len()) {
+                    (Reply::Ints(ints), 5) if ints[0] == 1 && args[1] > 0 => {
+                        taken.push((key, args[4], args[1]));
+                        passed += 1;
+                    }
+                    (Reply::Ints(ints), 2) => released += ints[0],
+                    (Reply::Error(_), _) => failed += 1,
+                    _ => {}
+                }
+                alone.push(reply);
+                call.push((format!("b:{key}"), args));
+            }
+            decided += call.len();
+            let mut args = vec![call.len() as i64];
+            for (_, a) in &call {
+                args.extend([1, a.len() as i64]);
+                args.extend(a);
+            }
+            let keys: Vec<&String> = call.iter().map(|(k, _)| k).collect();
+            let reply: Vec<u8> = redis::cmd("EVAL")
+                .arg(&batch)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args)
+                .query(&mut conn)
+                .unwrap();
+            batched.extend(unpack_batch(&reply));
+        }
+        assert_eq!(alone, batched, "seed {seed}");
+        for key in &keys[..2] {
+            let (a, b) = (format!("a:{key}"), format!("b:{key}"));
+            let members: [Vec<(String, i64)>; 2] =
+                [&a, &b].map(|k| conn.zrange_withscores(k, 0, -1).unwrap());
+            assert_eq!(members[0], members[1], "seed {seed}: {key}");
+            let px: [Option<String>; 2] = [&a, &b].map(|k| conn.get(format!("px|{k}")).unwrap());
+            assert_eq!(px[0], px[1], "seed {seed}: {key}'s PEXPIRE");
+        }
+    }
+    // The cases cover what they should: passes, releases, failures.
+    assert!(passed > decided / 5, "{passed} passed of {decided}");
+    assert!(released > 100, "{released} slots released");
+    assert!(failed > 20, "{failed} failed of {decided}");
+}
+
 #[tokio::test]
 async fn a_policy_of_three_hundred_quotas_decides_in_a_batch_as_alone() {
     // A pass replies with 307 integers: more than a byte can count.
@@ -1577,6 +1686,58 @@ async fn a_release_queued_after_a_check_goes_out_before_it() {
     release.await.unwrap().unwrap();
     let d = check.await.unwrap().unwrap();
     assert!(d.allowed, "the release went first: {d:?}");
+}
+
+#[tokio::test]
+async fn queued_releases_and_checks_of_a_concurrency_limit_share_one_call() {
+    // Three slots held; two releases and three checks queue together. They
+    // go out in one script call, the releases first, and decide as they
+    // would one by one: two checks take the freed slots, the third waits.
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let policy = slots("shared", 3);
+    let (slot, other) = (Key::new("k"), Key::new("other"));
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(store.check(&policy, &slot, 1).await.unwrap().receipt);
+    }
+    reset_stats(&server);
+
+    let sleeper = put_to_sleep(&server, "0.3").await;
+    let sent = take_every_slot(&store, &slots("many", 10), &other).await;
+    for receipt in &held[..2] {
+        let answered = store.refund_now(&policy, &slot, receipt);
+        assert!(matches!(answered, Some(Ok(()))), "queued: {answered:?}");
+    }
+    let checks: Vec<_> = (0..3)
+        .map(|_| {
+            let (store, policy, slot) = (store.clone(), policy.clone(), slot.clone());
+            tokio::spawn(async move { store.check(&policy, &slot, 1).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    for d in sent {
+        assert!(d.await.unwrap().unwrap().allowed);
+    }
+    sleeper.join().unwrap();
+    let mut allowed = 0;
+    for check in checks {
+        let d = check.await.unwrap().unwrap();
+        allowed += u32::from(d.allowed);
+    }
+    assert_eq!(allowed, 2, "the two released slots, and no more");
+
+    let calls = command_calls(&server);
+    assert_eq!(calls.get("zrem"), Some(&2), "{calls:?}");
+    // The batch script's first call meets NOSCRIPT, loads it and goes again.
+    let loads = calls.get("script|load").copied().unwrap_or(0);
+    assert_eq!(
+        calls.get("evalsha").copied().unwrap_or(0) - loads,
+        5,
+        "four lone calls, then the releases and checks in one: {calls:?}"
+    );
+    assert_eq!(calls.get("time"), Some(&5), "{calls:?}");
+    until_slots_held(&store, &policy, &slot, 3).await;
 }
 
 #[tokio::test]

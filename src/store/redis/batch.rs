@@ -255,22 +255,37 @@ fn unsent(why: &'static str) -> StoreError {
     StoreError::from(redis::RedisError::from((redis::ErrorKind::Io, why)))
 }
 
-/// Sends one batch, a call per script (usually one), give-backs first, and
-/// hands out replies.
+/// Sends one batch, a call per batch script (usually one), give-backs
+/// first, and hands out replies.
 async fn send(conn: &Connection, mut jobs: Vec<Job>) {
+    // Give-backs only free room: they go ahead of the charges queued beside
+    // them, each side in the order it queued.
+    if jobs.windows(2).any(|w| !w[0].gives_back && w[1].gives_back) {
+        jobs.sort_by_key(|j| !j.gives_back);
+    }
     while !jobs.is_empty() {
-        let first = jobs.iter().position(|j| j.gives_back).unwrap_or(0);
-        let script = jobs[first].script;
+        let script = jobs[0].script;
         // Most batches hold one script: sent as they are, not sorted apart.
-        if jobs.iter().all(|j| std::ptr::eq(j.script, script)) {
+        if jobs.iter().all(|j| batch_together(j.script, script)) {
             return send_one_script(conn, script, jobs).await;
         }
         let (same, rest): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
-            .partition(|j| std::ptr::eq(j.script, script));
+            .partition(|j| batch_together(j.script, script));
         jobs = rest;
         send_one_script(conn, script, same).await;
     }
+}
+
+/// Whether calls of scripts `a` and `b` go out in one batch call: those of
+/// one script, and a concurrency limit's checks and releases, which share
+/// `lua/concurrency_batch.lua`.
+fn batch_together(a: &LuaScript, b: &LuaScript) -> bool {
+    std::ptr::eq(a, b)
+        || SCRIPTS
+            .batch_of(a)
+            .zip(SCRIPTS.batch_of(b))
+            .is_some_and(|(a, b)| a.name == b.name)
 }
 
 async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs: Vec<Job>) {

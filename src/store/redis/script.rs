@@ -264,15 +264,21 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         ("gcra", include_str!("../../../lua/gcra.lua")),
         ("leaky_bucket", leaky_bucket),
         ("concurrency", concurrency),
-        // Not a check, but it batches as one: a crowd releases its slots
-        // as fast as it takes them.
+        // Not a check, but it batches as one, in the checks' own batch
+        // script: a crowd releases its slots as fast as it takes them, and
+        // both go out in one call.
         ("concurrency_release", concurrency_release),
     ];
     let batches = checks
         .iter()
         .map(|&(name, source)| {
             let sha = LuaScript::decision(name, source).sha;
-            let batch = match OWN_BATCHES.iter().find(|own| own.0 == name) {
+            let own = if name == "concurrency_release" {
+                "concurrency"
+            } else {
+                name
+            };
+            let batch = match OWN_BATCHES.iter().find(|own_batch| own_batch.0 == own) {
                 Some(&(_, batch, source)) => LuaScript::batch_with(batch, source),
                 None => LuaScript::batch_of(name, source),
             };
