@@ -50,15 +50,15 @@ end
 -- an + na].
 local out, k, a = {}, 0, 2
 local kn, nk, an, na = 0, 0, 0, 0
-for c = 1, tonumber(ARGV[1]) do
+for c = 1, num(ARGV[1]) do
   if ARGV[a] == '=' then
     a = a + 1
   else
     if ARGV[a] ~= '-1' then
-      kn, nk = k, tonumber(ARGV[a])
+      kn, nk = k, num(ARGV[a])
       k = k + nk
     end
-    local count = tonumber(ARGV[a + 1])
+    local count = num(ARGV[a + 1])
     a = a + 2
     if count >= 0 then
       an, na = a - 1, count

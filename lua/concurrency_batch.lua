@@ -114,11 +114,16 @@ local function decide(k, _, a, na, now)
 
   local id = ARGV[a + 5]
   local count, newest = s.count, s.newest
-  if cost > 0 then
+  if cost == 1 then
+    -- One slot, the common case: no number to format.
+    s.members[#s.members + 1] = id .. ':0'
+  elseif cost > 0 then
     local members = s.members
     for i = 0, cost - 1 do
       members[#members + 1] = id .. ':' .. i
     end
+  end
+  if cost > 0 then
     s.px = int(math.ceil(timeout / 1000))
     count = count + cost
     if not newest or now > newest then newest = now end

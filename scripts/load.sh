@@ -5,6 +5,7 @@
 #   LOAD_SECS=10 LOAD_RUNS=5 scripts/load.sh
 #   LOAD_STORES=memory LOAD_STRATEGIES=fixed_window,gcra scripts/load.sh
 #                                   # a subset while iterating, a minute or two
+#   ZOO_BIN=/tmp/zoo-before scripts/load.sh   # a build copied aside
 #
 # Starts a private redis-server (no persistence) and the zoo (release build)
 # with ZOO_BENCH=1, pins them to one core (SERVER_CPU, default 1) and wrk to
@@ -102,8 +103,14 @@ wait_for() { # command... : retry for up to 10 s
 }
 
 echo "building the zoo (release)..." >&2
-cargo build --release --example zoo --quiet
-zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
+# ZOO_BIN: another build of the zoo (a copy made at another commit), to
+# compare two commits in one sitting.
+if [ -n "${ZOO_BIN:-}" ]; then
+  zoo_bin=$ZOO_BIN
+else
+  cargo build --release --example zoo --quiet
+  zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
+fi
 [ -x "$zoo_bin" ] || { echo "load.sh: $zoo_bin not found" >&2; exit 2; }
 
 redis_port=$(free_port)
