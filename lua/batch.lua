@@ -1,6 +1,6 @@
 -- tollgate: several decisions of one strategy in one script call.
 --
--- The store puts a strategy's `decide(k, nk, a, na, now)` and `flush()`
+-- The store puts a strategy's `decide(k, nk, a, na, now, id)` and `flush()`
 -- before this file. A decision's keys are KEYS[k + 1 .. k + nk], its
 -- arguments ARGV[a + 1 .. a + na]; `now` is Redis TIME (µs) when the decision
 -- asked for it (its first argument is -1), else nil. For most strategies
@@ -14,9 +14,12 @@
 --              decision that repeats the keys before it sends none
 -- ARGV[1]      n, the number of decisions
 -- then for each decision: '=' when it has the keys and arguments of the
--- decision before (a flood of one caller), else its key count (-1: the keys
--- of the decision before, sent once), its argument count (-1: the arguments
--- of the decision before, sent once) and arguments.
+-- decision before (a flood of one caller); '#' and a request id when it
+-- has them but for its own id (a flood of the sliding log or the
+-- concurrency limit, whose `decide` takes the id given, if any, over its
+-- argument's); else its key count (-1: the keys of the decision before,
+-- sent once), its argument count (-1: the arguments of the decision
+-- before, sent once) and arguments.
 --
 -- Reply: one string, each decision's reply packed after the one before: n
 -- (2 bytes, big-endian, at least 1) and the n integers its script returns
@@ -51,10 +54,14 @@ end
 local out, k, a = {}, 0, 2
 local kn, nk, an, na = 0, 0, 0, 0
 for c = 1, num(ARGV[1]) do
-  if ARGV[a] == '=' then
+  local marker, id = ARGV[a], nil
+  if marker == '=' then
     a = a + 1
+  elseif marker == '#' then
+    id = ARGV[a + 1]
+    a = a + 2
   else
-    if ARGV[a] ~= '-1' then
+    if marker ~= '-1' then
       kn, nk = k, num(ARGV[a])
       k = k + nk
     end
@@ -73,7 +80,7 @@ for c = 1, num(ARGV[1]) do
     end
     t = now
   end
-  local ok, reply = pcall(decide, kn, nk, an, na, t)
+  local ok, reply = pcall(decide, kn, nk, an, na, t, id)
   if ok then
     out[c] = packed(reply)
   else

@@ -55,8 +55,11 @@ local function state_of(key, now, timeout)
   end
   -- stored: live entries in Redis (not waiting here); oldest: theirs, read
   -- when a rejection first needs it.
+  -- score and ttl: what a pass writes, formatted once per state (a number's
+  -- formatting costs Redis's Lua a C sprintf).
   local fresh = {now = now, timeout = timeout, floor = floor, live = live, score = int(now),
-    count = count, stored = count, newest = newest, remove = false, members = {}}
+    ttl = int(math.ceil(timeout / 1000)), count = count, stored = count, newest = newest,
+    remove = false, members = {}}
   if s == nil then order[#order + 1] = key end
   state[key] = fresh
   return fresh
@@ -73,7 +76,7 @@ local function release(key, id, cost)
     write_out(key, s)
     s.now = nil
   end
-  if cost == 1 then return {redis.call('ZREM', key, id .. ':0')} end
+  if cost == 1 then return struct.pack('>Hl', 1, redis.call('ZREM', key, id .. ':0')) end
   local removed, members = 0, {}
   for i = 0, cost - 1 do
     members[#members + 1] = id .. ':' .. i
@@ -82,13 +85,14 @@ local function release(key, id, cost)
       members = {}
     end
   end
-  return {removed}
+  return struct.pack('>Hl', 1, removed)
 end
 
 -- One decision: KEYS[k + 1], arguments ARGV[a + 1 ..] (see lua/batch.lua),
--- `now` from Redis TIME or nil; or, with two arguments, a release.
-local function decide(k, _, a, na, now)
-  if na == 2 then return release(KEYS[k + 1], ARGV[a + 1], num(ARGV[a + 2])) end
+-- `now` from Redis TIME or nil, and `fresh`, the request id when it is not
+-- the argument's; or, with two arguments, a release.
+local function decide(k, _, a, na, now, fresh)
+  if na == 2 then return release(KEYS[k + 1], fresh or ARGV[a + 1], num(ARGV[a + 2])) end
   now = now or num(ARGV[a + 1])
   local cost, limit, timeout = num(ARGV[a + 2]), num(ARGV[a + 3]), num(ARGV[a + 4])
   local key = KEYS[k + 1]
@@ -109,10 +113,10 @@ local function decide(k, _, a, na, now)
       end
       retry = math.min(oldest + timeout - now, 1000000)
     end
-    return {0, limit, math.min(s.count, limit), reset, retry, now, 0}
+    return struct.pack('>Hlllllll', 7, 0, limit, math.min(s.count, limit), reset, retry, now, 0)
   end
 
-  local id = ARGV[a + 5]
+  local id = fresh or ARGV[a + 5]
   local count, newest = s.count, s.newest
   if cost == 1 then
     -- One slot, the common case: no number to format.
@@ -124,7 +128,7 @@ local function decide(k, _, a, na, now)
     end
   end
   if cost > 0 then
-    s.px = int(math.ceil(timeout / 1000))
+    s.px = s.ttl
     count = count + cost
     if not newest or now > newest then newest = now end
     -- Entries started at the floor never count (now 0 on an app clock):
@@ -133,7 +137,9 @@ local function decide(k, _, a, na, now)
   end
   local reset = now
   if newest then reset = newest + timeout end
-  return {1, limit, count, reset, -1, now, 0, tonumber(id)}
+  -- Packed here, as lua/batch.lua would pack the table lua/concurrency.lua
+  -- returns, without the table.
+  return struct.pack('>Hllllllll', 8, 1, limit, count, reset, -1, now, 0, tonumber(id))
 end
 
 -- Writes out each key the decisions touched.

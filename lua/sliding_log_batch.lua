@@ -150,11 +150,12 @@ end
 
 -- One decision: KEYS[k + 1] (the resource's log) and KEYS[k + 2] (this
 -- consumer's), arguments ARGV[a + 1 ..] (see lua/batch.lua), `now` from
--- Redis TIME or nil.
-local function decide(k, _, a, _, now)
+-- Redis TIME or nil, and `fresh`, the request id when it is not the
+-- argument's.
+local function decide(k, _, a, _, now, fresh)
   now = now or num(ARGV[a + 1])
   local cost = num(ARGV[a + 2])
-  local id = ARGV[a + 3]
+  local id = fresh or ARGV[a + 3]
   local limit1, window1 = num(ARGV[a + 4]), num(ARGV[a + 5])
   local limit2, window2 = num(ARGV[a + 6]), num(ARGV[a + 7])
   local key1, key2 = KEYS[k + 1], KEYS[k + 2]

@@ -795,6 +795,31 @@ impl Dice {
 
 /// Lets a script's PEXPIREs be compared exactly: each also SETs
 /// `px|<key>` to the milliseconds it was given.
+/// A batch call's keys and arguments for `decisions` (each its keys and
+/// arguments), as the store encodes them (lua/batch.lua): a decision with
+/// the keys and arguments of the one before but for its request id (at
+/// `id_at(args)`) sends `#` and the id alone; any other sends it all.
+fn batch_call(
+    decisions: &[(Vec<String>, Vec<i64>)],
+    id_at: impl Fn(&[i64]) -> Option<usize>,
+) -> (Vec<String>, Vec<String>) {
+    let (mut keys, mut args) = (Vec::new(), vec![decisions.len().to_string()]);
+    for (i, (k, a)) in decisions.iter().enumerate() {
+        let before = i.checked_sub(1).map(|p| &decisions[p]);
+        let fresh = before.zip(id_at(a)).filter(|((pk, pa), at)| {
+            pk == k && pa.len() == a.len() && pa[..*at] == a[..*at] && pa[at + 1..] == a[at + 1..]
+        });
+        if let Some((_, at)) = fresh {
+            args.extend(["#".to_owned(), a[at].to_string()]);
+            continue;
+        }
+        keys.extend(k.iter().cloned());
+        args.extend([k.len().to_string(), a.len().to_string()]);
+        args.extend(a.iter().map(i64::to_string));
+    }
+    (keys, args)
+}
+
 const PEXPIRE_SHIM: &str = "local real = redis\n\
     local redis = setmetatable({ call = function(cmd, ...)\n\
       if cmd == 'PEXPIRE' then real.call('SET', 'px|' .. (select(1, ...)), (select(2, ...))) end\n\
@@ -933,14 +958,36 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
             (keys(), [t, 1, 14, 100, 10_000_000, 3, 10_000_000]),
         ],
     ];
-    let mut cases = vec![(ahead, false)];
+    // A flood of one caller: each decision differs from the one before in
+    // its request id alone, which the batch then sends by itself.
+    let flood = (0..3)
+        .map(|call| {
+            (0..40)
+                .map(|i| {
+                    (
+                        keys(),
+                        [
+                            t + call,
+                            1,
+                            100 + call * 40 + i,
+                            1000,
+                            10_000_000,
+                            90,
+                            10_000_000,
+                        ],
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let mut cases = vec![(ahead, false), (flood, false)];
     // Then random calls, a third with a caller's log of another type.
     for seed in 1..=60u64 {
         let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let bad = dice.one_in(3);
         cases.push((random_log_calls(&mut dice, bad), bad));
     }
-    let (mut decided, mut passed, mut failed) = (0, 0, 0);
+    let (mut decided, mut passed, mut failed, mut fresh_ids) = (0, 0, 0, 0);
     for (case, (calls, bad)) in cases.into_iter().enumerate() {
         let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
         if bad {
@@ -950,7 +997,7 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
         }
         let (mut alone, mut batched) = (Vec::new(), Vec::new());
         for decisions in calls {
-            let (mut keys, mut args) = (Vec::new(), vec![decisions.len() as i64]);
+            let mut sent = Vec::new();
             for (k, a) in &decisions {
                 let reply: redis::RedisResult<Vec<i64>> = redis::cmd("EVAL")
                     .arg(&lone)
@@ -962,10 +1009,11 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
                     Ok(ints) => Reply::Ints(ints),
                     Err(err) => Reply::Error(err.code().unwrap_or("?").to_owned()),
                 });
-                keys.extend(k.iter().map(|k| format!("b:{k}")));
-                args.extend([2, a.len() as i64]);
-                args.extend(a);
+                sent.push((k.iter().map(|k| format!("b:{k}")).collect(), a.to_vec()));
             }
+            // The request id is the third argument.
+            let (keys, args) = batch_call(&sent, |_| Some(2));
+            fresh_ids += args.iter().filter(|a| *a == "#").count();
             let reply: Vec<u8> = redis::cmd("EVAL")
                 .arg(&batch)
                 .arg(keys.len())
@@ -1021,6 +1069,7 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
         "{passed} of {decided}"
     );
     assert!(failed > 20, "{failed} failed of {decided}");
+    assert!(fresh_ids > 50, "{fresh_ids} sent by their id alone");
 }
 
 #[test]
@@ -1044,7 +1093,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
         include_str!("../lua/concurrency_batch.lua"),
         include_str!("../lua/batch.lua")
     );
-    let (mut decided, mut passed, mut released, mut failed) = (0, 0, 0, 0);
+    let (mut decided, mut passed, mut released, mut failed, mut fresh_ids) = (0, 0, 0, 0, 0);
     for seed in 1..=60u64 {
         let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
@@ -1060,7 +1109,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
         let mut taken: Vec<(&str, i64, i64)> = Vec::new();
         let (mut alone, mut batched) = (Vec::new(), Vec::new());
         for _ in 0..8 {
-            let mut call: Vec<(String, Vec<i64>)> = Vec::new();
+            let mut call: Vec<(Vec<String>, Vec<i64>)> = Vec::new();
             for _ in 0..=dice.below(12) {
                 let (key, script, args) = if dice.one_in(3) && !taken.is_empty() {
                     let (key, id, cost) = taken[dice.below(taken.len() as u64) as usize];
@@ -1098,15 +1147,12 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
                     _ => {}
                 }
                 alone.push(reply);
-                call.push((format!("b:{key}"), args));
+                call.push((vec![format!("b:{key}")], args));
             }
             decided += call.len();
-            let mut args = vec![call.len() as i64];
-            for (_, a) in &call {
-                args.extend([1, a.len() as i64]);
-                args.extend(a);
-            }
-            let keys: Vec<&String> = call.iter().map(|(k, _)| k).collect();
+            // A check's request id is its fifth argument, a release's its first.
+            let (keys, args) = batch_call(&call, |a| Some(if a.len() == 5 { 4 } else { 0 }));
+            fresh_ids += args.iter().filter(|a| *a == "#").count();
             let reply: Vec<u8> = redis::cmd("EVAL")
                 .arg(&batch)
                 .arg(keys.len())
@@ -1130,6 +1176,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
     assert!(passed > decided / 5, "{passed} passed of {decided}");
     assert!(released > 100, "{released} slots released");
     assert!(failed > 20, "{failed} failed of {decided}");
+    assert!(fresh_ids > 20, "{fresh_ids} sent by their id alone");
 }
 
 #[tokio::test]
@@ -1618,6 +1665,91 @@ async fn until_slots_held(store: &RedisStore, policy: &Policy, key: &Key, n: u64
         assert!(Instant::now() < deadline, "{used} slots held, not {n}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Takes and gives back a slot of `policy` (on a key of its own), so that
+/// its scripts are loaded and a call needs no second try.
+async fn warm_up(store: &RedisStore, policy: &Policy) {
+    let key = Key::new("warm-up");
+    let taken = store.check(policy, &key, 1).await.unwrap();
+    store.refund(policy, &key, &taken.receipt).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_concurrency_check_given_up_on_its_way_gives_its_slot_back() {
+    // The check reaches Redis, but its request has gone (a client that hung
+    // up) before the answer comes: the slot it took is given back, batching
+    // or not, rather than held until its timeout.
+    let server = RedisServer::start();
+    for batching in [true, false] {
+        let store = store_with(&server.url(), &format!("gone{batching}"), None, batching).await;
+        let (policy, key) = (slots("gone", 5), Key::new("k"));
+        warm_up(&store, &policy).await;
+        reset_stats(&server);
+        let sleeper = put_to_sleep(&server, "0.3").await;
+        let check = tokio::time::timeout(Duration::from_millis(50), store.check(&policy, &key, 1));
+        assert!(
+            check.await.is_err(),
+            "Redis is asleep: the check is still on its way"
+        );
+        sleeper.join().unwrap();
+        until_slots_held(&store, &policy, &key, 0).await;
+        let calls = command_calls(&server);
+        assert_eq!(calls.get("zadd"), Some(&1), "the slot was taken: {calls:?}");
+        assert_eq!(calls.get("zrem"), Some(&1), "and given back: {calls:?}");
+    }
+}
+
+#[tokio::test]
+async fn concurrency_checks_given_up_at_random_leave_no_slot_taken() {
+    // Redis kept slow, so checks queue, batch and fly while their requests
+    // give up at every stage; every pass that is heard is released by its
+    // request, every other is given back by the store. None stays taken.
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let (policy, key) = (slots("random", 100_000), Key::new("k"));
+    warm_up(&store, &policy).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slowing = {
+        let (url, stop) = (server.url(), stop.clone());
+        std::thread::spawn(move || {
+            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _: () = redis::cmd("DEBUG")
+                    .arg("SLEEP")
+                    .arg("0.001")
+                    .query(&mut conn)
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let requests: Vec<_> = (0..600u64)
+        .map(|i| {
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_micros(i * 20)).await;
+                let patience = Duration::from_micros(300 + (i * 7919) % 8_000);
+                match tokio::time::timeout(patience, store.check(&policy, &key, 1)).await {
+                    Ok(Ok(d)) => {
+                        assert!(d.allowed);
+                        store.refund(&policy, &key, &d.receipt).await.unwrap();
+                        false
+                    }
+                    Ok(Err(err)) => panic!("{err}"),
+                    Err(_) => true,
+                }
+            })
+        })
+        .collect();
+    let mut gave_up = 0;
+    for request in requests {
+        gave_up += u32::from(request.await.unwrap());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    slowing.join().unwrap();
+    assert!((20..=580).contains(&gave_up), "{gave_up} of 600 gave up");
+    until_slots_held(&store, &policy, &key, 0).await;
 }
 
 #[tokio::test]

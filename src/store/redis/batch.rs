@@ -156,6 +156,21 @@ impl Batcher {
                 Route::Queued(state.enqueue(script, keys, args, gives_back))
             }
         };
+        // A pass that holds a slot must outlive its caller: sent alone, it
+        // goes from a task of its own (queued, the batch sees to it).
+        let route = match route {
+            Route::Alone(keys, args, slot) if SCRIPTS.give_back_of(script, &args).is_some() => {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        let conn = self.shared.conn.clone();
+                        let slot = Some(slot);
+                        Route::Queued(spawn_holding(&runtime, conn, script, keys, args, slot))
+                    }
+                    Err(_) => Route::Alone(keys, args, slot),
+                }
+            }
+            route => route,
+        };
         async move {
             match route {
                 Route::Alone(keys, args, _slot) => {
@@ -231,7 +246,11 @@ impl Drop for Slot {
             // No runtime to send from: the batch fails (a give-back that no
             // one waits for is logged) and the slot is freed.
             for job in batch {
-                deliver(job, Err(unsent("no Tokio runtime to send the batch from")));
+                // An error holds nothing: there is nothing to give back.
+                drop(deliver(
+                    job,
+                    Err(unsent("no Tokio runtime to send the batch from")),
+                ));
             }
             self.0.lock().in_flight -= 1;
             return;
@@ -240,7 +259,7 @@ impl Drop for Slot {
         runtime.spawn(async move {
             let mut batch = batch;
             loop {
-                send(&shared.conn, batch).await;
+                send(&shared, batch).await;
                 match shared.next_batch() {
                     Some(next) => batch = next,
                     None => return,
@@ -257,7 +276,7 @@ fn unsent(why: &'static str) -> StoreError {
 
 /// Sends one batch, a call per batch script (usually one), give-backs
 /// first, and hands out replies.
-async fn send(conn: &Connection, mut jobs: Vec<Job>) {
+async fn send(shared: &Shared, mut jobs: Vec<Job>) {
     // Give-backs only free room: they go ahead of the charges queued beside
     // them, each side in the order it queued.
     if jobs.windows(2).any(|w| !w[0].gives_back && w[1].gives_back) {
@@ -267,13 +286,15 @@ async fn send(conn: &Connection, mut jobs: Vec<Job>) {
         let script = jobs[0].script;
         // Most batches hold one script: sent as they are, not sorted apart.
         if jobs.iter().all(|j| batch_together(j.script, script)) {
-            return send_one_script(conn, script, jobs).await;
+            let unheard = send_one_script(&shared.conn, script, jobs).await;
+            return shared.give_back_later(unheard);
         }
         let (same, rest): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
             .partition(|j| batch_together(j.script, script));
         jobs = rest;
-        send_one_script(conn, script, same).await;
+        let unheard = send_one_script(&shared.conn, script, same).await;
+        shared.give_back_later(unheard);
     }
 }
 
@@ -288,22 +309,28 @@ fn batch_together(a: &LuaScript, b: &LuaScript) -> bool {
             .is_some_and(|(a, b)| a.name == b.name)
 }
 
-async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs: Vec<Job>) {
+/// Sends `jobs`, calls of `script` or of scripts that batch with it, and
+/// hands out replies: the passes that hold a slot and came back to no one.
+async fn send_one_script(
+    conn: &Connection,
+    script: &'static LuaScript,
+    mut jobs: Vec<Job>,
+) -> Vec<Unheard> {
+    let mut unheard = Vec::new();
     let batch = SCRIPTS.batch_of(script);
     let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
         for job in jobs {
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
-            deliver(
-                job,
-                reply.map_err(StoreError::from).and_then(reply::integers),
-            );
+            let answer = reply.map_err(StoreError::from).and_then(reply::integers);
+            unheard.extend(deliver(job, answer));
         }
-        return;
+        return unheard;
     };
     // What each decision repeats of the one before (see lua/batch.lua).
     let repeats: Vec<Repeat> = (0..jobs.len())
         .map(|i| match i.checked_sub(1).map(|p| &jobs[p]) {
             Some(p) if p.args == jobs[i].args && p.keys == jobs[i].keys => Repeat::All,
+            Some(p) if p.keys == jobs[i].keys && differ_in_id_alone(p, &jobs[i]) => Repeat::Id,
             Some(p) if p.args == jobs[i].args => Repeat::Args,
             Some(p) if p.keys == jobs[i].keys => Repeat::Keys,
             _ => Repeat::Nothing,
@@ -311,9 +338,14 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
         .collect();
     let mut keys = Vec::with_capacity(jobs.len());
     let mut key_counts = Vec::with_capacity(jobs.len());
+    // Where each decision's keys start in `keys`, to give a slot back with.
+    let mut key_starts = Vec::with_capacity(jobs.len());
     for (job, repeat) in jobs.iter_mut().zip(&repeats) {
         key_counts.push(job.keys.len());
-        if !matches!(repeat, Repeat::All | Repeat::Keys) {
+        if matches!(repeat, Repeat::All | Repeat::Id | Repeat::Keys) {
+            key_starts.push(key_starts.last().copied().unwrap_or(0));
+        } else {
+            key_starts.push(keys.len());
             keys.extend(job.keys.drain(..));
         }
     }
@@ -322,6 +354,10 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     for ((job, repeat), &nk) in jobs.iter().zip(&repeats).zip(&key_counts) {
         match repeat {
             Repeat::All => args.push(Part::Text("=")),
+            Repeat::Id => {
+                let at = SCRIPTS.id_at(job.script).unwrap_or(0);
+                args.extend([Part::Text("#"), Part::Int(job.args[at])]);
+            }
             Repeat::Args => args.extend([Part::Count(nk), Part::Text("-1")]),
             Repeat::Keys => {
                 args.extend([Part::Text("-1"), Part::Count(job.args.len())]);
@@ -340,27 +376,125 @@ async fn send_one_script(conn: &Connection, script: &'static LuaScript, mut jobs
     };
     match answers {
         Ok(answers) => {
-            for (job, answer) in jobs.into_iter().zip(answers) {
-                deliver(job, answer);
+            for (i, (job, answer)) in jobs.into_iter().zip(answers).enumerate() {
+                if let Some(mut pass) = deliver(job, answer) {
+                    let start = key_starts[i];
+                    pass.keys = keys[start..start + key_counts[i]].iter().cloned().collect();
+                    unheard.push(pass);
+                }
             }
         }
         Err(failure) => {
             for job in jobs {
-                deliver(job, Err(failure.to_store_error()));
+                drop(deliver(job, Err(failure.to_store_error())));
             }
         }
     }
+    unheard
 }
 
 /// Hands a job its answer. A give-back whose caller is not listening (it
 /// gave up, or never waited) has its failure logged here, as its caller
-/// would have.
-fn deliver(job: Job, answer: Answer) {
-    if let Err(Err(err)) = job.reply.send(answer) {
-        if job.gives_back {
-            tracing::warn!(script = job.script.name, error = %err,
-                "rate limit release failed; the charge expires in the store instead");
+/// would have; a pass that holds a slot and that no one hears comes back,
+/// to be given back (its keys, if they went into the batch's, left empty).
+fn deliver(job: Job, answer: Answer) -> Option<Unheard> {
+    let Job {
+        script,
+        keys,
+        args,
+        reply,
+        gives_back,
+    } = job;
+    match reply.send(answer) {
+        Ok(()) => None,
+        Err(Err(err)) => {
+            if gives_back {
+                tracing::warn!(script = script.name, error = %err,
+                    "rate limit release failed; the charge expires in the store instead");
+            }
+            None
         }
+        Err(Ok(ints)) => unheard_pass(script, keys, &args, &ints),
+    }
+}
+
+/// A pass that holds a slot, which no one heard of: what gives it back.
+struct Unheard {
+    script: &'static LuaScript,
+    keys: KeyList,
+    args: Args,
+}
+
+/// What gives back the slots `script` took with `args`, if they are slots
+/// and its reply `ints` says it took them.
+fn unheard_pass(script: &LuaScript, keys: KeyList, args: &[i64], ints: &[i64]) -> Option<Unheard> {
+    let (script, args) = SCRIPTS.give_back_of(script, args)?;
+    let took = ints.first() == Some(&1) && args.get(1).is_some_and(|&cost| cost > 0);
+    took.then_some(Unheard { script, keys, args })
+}
+
+impl Shared {
+    /// Queues the give-backs of passes no one heard of, for the next batch,
+    /// which the caller's task sends: after the call that took the slots.
+    fn give_back_later(&self, unheard: Vec<Unheard>) {
+        if unheard.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        for Unheard { script, keys, args } in unheard {
+            tracing::debug!(
+                script = script.name,
+                "a request gave up on a slot it took; giving it back"
+            );
+            drop(state.enqueue(script, keys, args, true));
+        }
+    }
+}
+
+/// Sends a call whose pass holds a slot (a concurrency check) from a task of
+/// its own, which keeps `slot` (if any) until the answer is in: its caller
+/// may give up (a request cancelled while the check is on its way) without
+/// losing the pass, which the task then gives back on `conn`, after it.
+fn spawn_holding(
+    runtime: &tokio::runtime::Handle,
+    conn: Connection,
+    script: &'static LuaScript,
+    keys: KeyList,
+    args: Args,
+    slot: Option<Slot>,
+) -> oneshot::Receiver<Answer> {
+    let (reply, answer) = oneshot::channel();
+    runtime.spawn(async move {
+        let got = conn.eval(script, &keys, &args, false).await;
+        let got = got.map_err(StoreError::from).and_then(reply::integers);
+        let Err(Ok(ints)) = reply.send(got) else {
+            return drop(slot);
+        };
+        if let Some(Unheard { script, keys, args }) = unheard_pass(script, keys, &args, &ints) {
+            if let Err(err) = conn.eval(script, &keys, &args, false).await {
+                tracing::warn!(script = script.name, error = %err,
+                    "rate limit release failed; the charge expires in the store instead");
+            }
+        }
+        drop(slot);
+    });
+    answer
+}
+
+/// Runs a call whose pass holds a slot without a batcher (Redis Cluster, or
+/// batching off) as [`spawn_holding`] does: a caller that gives up never
+/// leaves the slot taken.
+pub(crate) async fn eval_holding(
+    conn: &Connection,
+    script: &'static LuaScript,
+    keys: KeyList,
+    args: Args,
+) -> Answer {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => spawn_holding(&runtime, conn.clone(), script, keys, args, None)
+            .await
+            .unwrap_or_else(|_| Err(unsent("the call's task ended before Redis answered"))),
+        Err(_) => reply::integers(conn.eval(script, &keys, &args, false).await?),
     }
 }
 
@@ -384,10 +518,25 @@ impl Failure {
 enum Repeat {
     Nothing,
     Args,
-    /// The keys only: a flood whose decisions each carry a request id (the
-    /// sliding log, the concurrency limit), or the app's clock.
+    /// All but the request id: a flood of the sliding log or the
+    /// concurrency limit (checks or releases), which sends the id alone.
+    Id,
+    /// The keys only: the app's clock, or another cost.
     Keys,
     All,
+}
+
+/// Whether job `b` has the script and arguments of job `a` but for its
+/// request id (see [`Scripts::id_at`](super::script::Scripts::id_at)).
+fn differ_in_id_alone(a: &Job, b: &Job) -> bool {
+    let Some(at) = SCRIPTS.id_at(b.script) else {
+        return false;
+    };
+    std::ptr::eq(a.script, b.script)
+        && a.args.len() == b.args.len()
+        && at < b.args.len()
+        && a.args[..at] == b.args[..at]
+        && a.args[at + 1..] == b.args[at + 1..]
 }
 
 /// One argument of a batch call.

@@ -376,6 +376,9 @@ impl RedisStore {
         };
         let reply = match batcher {
             Some(batcher) => batcher.eval(script, keys, args).await?,
+            None if !read_only && SCRIPTS.give_back_of(script, &args).is_some() => {
+                batch::eval_holding(&self.inner.conn, script, keys, args).await?
+            }
             _ => reply::integers(
                 self.inner
                     .conn

@@ -182,6 +182,44 @@ impl Scripts {
     }
 }
 
+impl Scripts {
+    /// For a script whose pass holds something until given back (the
+    /// concurrency check's slots): the script that gives it back, and its
+    /// arguments (`lua/concurrency_release.lua`'s id and cost) from the
+    /// check's `args` (`lua/concurrency.lua`'s `ARGV[5]` and `ARGV[2]`).
+    pub(crate) fn give_back_of(
+        &self,
+        script: &LuaScript,
+        args: &[i64],
+    ) -> Option<(&'static LuaScript, super::Args)> {
+        if !std::ptr::eq(script, &self.concurrency) {
+            return None;
+        }
+        let (&cost, &id) = (args.get(1)?, args.get(4)?);
+        Some((
+            &SCRIPTS.concurrency_release,
+            super::Args::from_slice(&[id, cost]),
+        ))
+    }
+
+    /// Where the writing script `script` takes its request id among its
+    /// arguments, if it takes one (`ARGV[5]` of `lua/concurrency.lua`,
+    /// `ARGV[1]` of `lua/concurrency_release.lua`, `ARGV[3]` of
+    /// `lua/sliding_log.lua`): in a flood, the one argument that differs
+    /// from the decision before, and all a batch sends of it.
+    pub(crate) fn id_at(&self, script: &LuaScript) -> Option<usize> {
+        if std::ptr::eq(script, &self.concurrency) {
+            Some(4)
+        } else if std::ptr::eq(script, &self.concurrency_release) {
+            Some(0)
+        } else if std::ptr::eq(script, &self.sliding_log.check) {
+            Some(2)
+        } else {
+            None
+        }
+    }
+}
+
 /// A strategy's decision script, the same flagged read-only for peeks, and
 /// its refund script.
 #[derive(Debug)]
