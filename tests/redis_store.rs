@@ -795,14 +795,41 @@ impl Dice {
 
 /// Lets a script's PEXPIREs be compared exactly: each also SETs
 /// `px|<key>` to the milliseconds it was given.
-/// A batch call's keys and arguments for `decisions` (each its keys and
-/// arguments), as the store encodes them (lua/batch.lua): a decision with
-/// the keys and arguments of the one before but for its request id (at
-/// `id_at(args)`) sends `#` and the id alone; any other sends it all.
-fn batch_call(
+/// A strategy's own batch file (`lua/*_batch.lua`) put together as the
+/// store does (see src/store/redis/script.rs), with PEXPIRE recorded.
+fn shimmed_batch(own: &str) -> String {
+    format!(
+        "{PEXPIRE_SHIM}{}\n{own}\n{}",
+        include_str!("../lua/batch_prelude.lua"),
+        include_str!("../lua/batch.lua")
+    )
+}
+
+/// Runs a lone script with `keys` and `args`: its reply.
+fn eval_alone(conn: &mut redis::Connection, script: &str, keys: &[String], args: &[i64]) -> Reply {
+    let reply: redis::RedisResult<Vec<i64>> = redis::cmd("EVAL")
+        .arg(script)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .query(conn);
+    match reply {
+        Ok(ints) => Reply::Ints(ints),
+        Err(err) => Reply::Error(err.code().unwrap_or("?").to_owned()),
+    }
+}
+
+/// Runs `decisions` (each its keys and arguments) in one call of `batch`,
+/// encoded as the store encodes them (lua/batch.lua): a decision with the
+/// keys and arguments of the one before but for its request id (at
+/// `id_at(args)`) sends `#` and the id alone; any other sends it all. The
+/// replies, and how many decisions went by their id alone.
+fn eval_batch(
+    conn: &mut redis::Connection,
+    batch: &str,
     decisions: &[(Vec<String>, Vec<i64>)],
     id_at: impl Fn(&[i64]) -> Option<usize>,
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<Reply>, usize) {
     let (mut keys, mut args) = (Vec::new(), vec![decisions.len().to_string()]);
     for (i, (k, a)) in decisions.iter().enumerate() {
         let before = i.checked_sub(1).map(|p| &decisions[p]);
@@ -817,7 +844,15 @@ fn batch_call(
         args.extend([k.len().to_string(), a.len().to_string()]);
         args.extend(a.iter().map(i64::to_string));
     }
-    (keys, args)
+    let fresh = args.iter().filter(|a| *a == "#").count();
+    let reply: Vec<u8> = redis::cmd("EVAL")
+        .arg(batch)
+        .arg(keys.len())
+        .arg(&keys)
+        .arg(&args)
+        .query(conn)
+        .unwrap();
+    (unpack_batch(&reply), fresh)
 }
 
 const PEXPIRE_SHIM: &str = "local real = redis\n\
@@ -935,12 +970,7 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let lone = format!("{PEXPIRE_SHIM}{}", include_str!("../lua/sliding_log.lua"));
-    let batch = format!(
-        "{PEXPIRE_SHIM}{}\n{}\n{}",
-        include_str!("../lua/batch_prelude.lua"),
-        include_str!("../lua/sliding_log_batch.lua"),
-        include_str!("../lua/batch.lua")
-    );
+    let batch = shimmed_batch(include_str!("../lua/sliding_log_batch.lua"));
     // First, by hand: a log whose entries lie ahead of the call's clock (an
     // app server's clock ahead of another's). A rejection waits on the
     // oldest, 5 s ahead; a pass then adds one older still, which the next
@@ -999,29 +1029,14 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
         for decisions in calls {
             let mut sent = Vec::new();
             for (k, a) in &decisions {
-                let reply: redis::RedisResult<Vec<i64>> = redis::cmd("EVAL")
-                    .arg(&lone)
-                    .arg(2)
-                    .arg(k.iter().map(|k| format!("a:{k}")).collect::<Vec<_>>())
-                    .arg(&a[..])
-                    .query(&mut conn);
-                alone.push(match reply {
-                    Ok(ints) => Reply::Ints(ints),
-                    Err(err) => Reply::Error(err.code().unwrap_or("?").to_owned()),
-                });
+                let a_keys: Vec<String> = k.iter().map(|k| format!("a:{k}")).collect();
+                alone.push(eval_alone(&mut conn, &lone, &a_keys, &a[..]));
                 sent.push((k.iter().map(|k| format!("b:{k}")).collect(), a.to_vec()));
             }
             // The request id is the third argument.
-            let (keys, args) = batch_call(&sent, |_| Some(2));
-            fresh_ids += args.iter().filter(|a| *a == "#").count();
-            let reply: Vec<u8> = redis::cmd("EVAL")
-                .arg(&batch)
-                .arg(keys.len())
-                .arg(&keys)
-                .arg(&args)
-                .query(&mut conn)
-                .unwrap();
-            batched.extend(unpack_batch(&reply));
+            let (replies, fresh) = eval_batch(&mut conn, &batch, &sent, |_| Some(2));
+            batched.extend(replies);
+            fresh_ids += fresh;
         }
         assert_eq!(alone.len(), batched.len(), "case {case}");
         for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
@@ -1087,12 +1102,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
         "{PEXPIRE_SHIM}{}",
         include_str!("../lua/concurrency_release.lua")
     );
-    let batch = format!(
-        "{PEXPIRE_SHIM}{}\n{}\n{}",
-        include_str!("../lua/batch_prelude.lua"),
-        include_str!("../lua/concurrency_batch.lua"),
-        include_str!("../lua/batch.lua")
-    );
+    let batch = shimmed_batch(include_str!("../lua/concurrency_batch.lua"));
     let (mut decided, mut passed, mut released, mut failed, mut fresh_ids) = (0, 0, 0, 0, 0);
     for seed in 1..=60u64 {
         let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -1127,16 +1137,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
                     let key = keys[dice.below(keys.len() as u64) as usize];
                     (key, &lone, vec![clock, cost, limit, timeout, id])
                 };
-                let reply: redis::RedisResult<Vec<i64>> = redis::cmd("EVAL")
-                    .arg(script)
-                    .arg(1)
-                    .arg(format!("a:{key}"))
-                    .arg(&args[..])
-                    .query(&mut conn);
-                let reply = match reply {
-                    Ok(ints) => Reply::Ints(ints),
-                    Err(err) => Reply::Error(err.code().unwrap_or("?").to_owned()),
-                };
+                let reply = eval_alone(&mut conn, script, &[format!("a:{key}")], &args);
                 match (&reply, args.len()) {
                     (Reply::Ints(ints), 5) if ints[0] == 1 && args[1] > 0 => {
                         taken.push((key, args[4], args[1]));
@@ -1151,16 +1152,10 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
             }
             decided += call.len();
             // A check's request id is its fifth argument, a release's its first.
-            let (keys, args) = batch_call(&call, |a| Some(if a.len() == 5 { 4 } else { 0 }));
-            fresh_ids += args.iter().filter(|a| *a == "#").count();
-            let reply: Vec<u8> = redis::cmd("EVAL")
-                .arg(&batch)
-                .arg(keys.len())
-                .arg(&keys)
-                .arg(&args)
-                .query(&mut conn)
-                .unwrap();
-            batched.extend(unpack_batch(&reply));
+            let id_at = |a: &[i64]| Some(if a.len() == 5 { 4 } else { 0 });
+            let (replies, fresh) = eval_batch(&mut conn, &batch, &call, id_at);
+            batched.extend(replies);
+            fresh_ids += fresh;
         }
         assert_eq!(alone, batched, "seed {seed}");
         for key in &keys[..2] {
@@ -1622,16 +1617,32 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
     );
 }
 
+/// A batching store on `server` with `n` slots of `policy` taken on key
+/// "k": the store, the policy and the slots' receipts.
+async fn holding(
+    server: &RedisServer,
+    policy: Policy,
+    n: usize,
+) -> (std::sync::Arc<RedisStore>, Policy, Vec<Receipt>) {
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let mut held = Vec::new();
+    for _ in 0..n {
+        held.push(
+            store
+                .check(&policy, &Key::new("k"), 1)
+                .await
+                .unwrap()
+                .receipt,
+        );
+    }
+    (store, policy, held)
+}
+
 #[tokio::test]
 async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
     let server = RedisServer::start();
-    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy = slots("held", 10);
+    let (store, policy, held) = holding(&server, slots("held", 10), 3).await;
     let (slots, other) = (Key::new("k"), Key::new("other"));
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(store.check(&policy, &slots, 1).await.unwrap().receipt);
-    }
 
     let sleeper = put_to_sleep(&server, "0.3").await;
     // The releases queue, and their callers give up (as a release guard's
@@ -1826,13 +1837,8 @@ async fn queued_releases_and_checks_of_a_concurrency_limit_share_one_call() {
     // go out in one script call, the releases first, and decide as they
     // would one by one: two checks take the freed slots, the third waits.
     let server = RedisServer::start();
-    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy = slots("shared", 3);
+    let (store, policy, held) = holding(&server, slots("shared", 3), 3).await;
     let (slot, other) = (Key::new("k"), Key::new("other"));
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(store.check(&policy, &slot, 1).await.unwrap().receipt);
-    }
     reset_stats(&server);
 
     let sleeper = put_to_sleep(&server, "0.3").await;
