@@ -9,6 +9,11 @@
 //! never makes a request wait for company, only for a free slot, and Redis
 //! parses, dispatches, replies and reads `TIME` once per batch rather than
 //! once per decision.
+//!
+//! A concurrency check's pass holds a slot until it is given back, so it
+//! must not be lost with a request that gives up while the check is on its
+//! way: sent alone, the check goes from a task of its own, and in a batch
+//! the batch's task sees to it; either gives back a pass that no one hears.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -29,6 +34,11 @@ const MAX_IN_FLIGHT: usize = 4;
 /// The most decisions in one call, which bounds how long one script keeps
 /// Redis busy (tens of microseconds).
 const MAX_BATCH: usize = 64;
+
+/// How long a slot-taking call sent from a task of its own may wait for
+/// Redis (see [`spawn_holding`]): far beyond any request's deadline, so
+/// only a Redis that hangs meets it, and the slot then times out in Redis.
+const HOLDING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Sends decisions for one server, alone or in batches.
 #[derive(Debug, Clone)]
@@ -465,8 +475,15 @@ fn spawn_holding(
 ) -> oneshot::Receiver<Answer> {
     let (reply, answer) = oneshot::channel();
     runtime.spawn(async move {
-        let got = conn.eval(script, &keys, &args, false).await;
-        let got = got.map_err(StoreError::from).and_then(reply::integers);
+        // Bounded, so that a Redis that hangs cannot pile up tasks (without
+        // a batcher, one per request) past what this many seconds bring.
+        let got =
+            match tokio::time::timeout(HOLDING_PATIENCE, conn.eval(script, &keys, &args, false))
+                .await
+            {
+                Ok(got) => got.map_err(StoreError::from).and_then(reply::integers),
+                Err(_) => Err(StoreError::timeout()),
+            };
         let Err(Ok(ints)) = reply.send(got) else {
             return drop(slot);
         };
