@@ -53,14 +53,18 @@ end
 -- an + na].
 local out, k, a = {}, 0, 2
 local kn, nk, an, na = 0, 0, 0, 0
+-- id: the request id a '#' gave, kept by the '=' after it (the same
+-- decision again), dropped by a decision that sends its arguments.
+local id = nil
 for c = 1, num(ARGV[1]) do
-  local marker, id = ARGV[a], nil
+  local marker = ARGV[a]
   if marker == '=' then
     a = a + 1
   elseif marker == '#' then
     id = ARGV[a + 1]
     a = a + 2
   else
+    id = nil
     if marker ~= '-1' then
       kn, nk = k, num(ARGV[a])
       k = k + nk

@@ -822,17 +822,22 @@ fn eval_alone(conn: &mut redis::Connection, script: &str, keys: &[String], args:
 /// Runs `decisions` (each its keys and arguments) in one call of `batch`,
 /// encoded as the store encodes them (lua/batch.lua): a decision with the
 /// keys and arguments of the one before but for its request id (at
-/// `id_at(args)`) sends `#` and the id alone; any other sends it all. The
-/// replies, and how many decisions went by their id alone.
+/// `id_at(args)`) sends `#` and the id alone, one with all of them `=`;
+/// any other sends it all. The replies, how many decisions went by their
+/// id alone and how many as `=`.
 fn eval_batch(
     conn: &mut redis::Connection,
     batch: &str,
     decisions: &[(Vec<String>, Vec<i64>)],
     id_at: impl Fn(&[i64]) -> Option<usize>,
-) -> (Vec<Reply>, usize) {
+) -> (Vec<Reply>, usize, usize) {
     let (mut keys, mut args) = (Vec::new(), vec![decisions.len().to_string()]);
     for (i, (k, a)) in decisions.iter().enumerate() {
         let before = i.checked_sub(1).map(|p| &decisions[p]);
+        if before.is_some_and(|(pk, pa)| pk == k && pa == a) {
+            args.push("=".to_owned());
+            continue;
+        }
         let fresh = before.zip(id_at(a)).filter(|((pk, pa), at)| {
             pk == k && pa.len() == a.len() && pa[..*at] == a[..*at] && pa[at + 1..] == a[at + 1..]
         });
@@ -845,6 +850,7 @@ fn eval_batch(
         args.extend(a.iter().map(i64::to_string));
     }
     let fresh = args.iter().filter(|a| *a == "#").count();
+    let same = args.iter().filter(|a| *a == "=").count();
     let reply: Vec<u8> = redis::cmd("EVAL")
         .arg(batch)
         .arg(keys.len())
@@ -852,7 +858,7 @@ fn eval_batch(
         .arg(&args)
         .query(conn)
         .unwrap();
-    (unpack_batch(&reply), fresh)
+    (unpack_batch(&reply), fresh, same)
 }
 
 const PEXPIRE_SHIM: &str = "local real = redis\n\
@@ -1034,7 +1040,7 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
                 sent.push((k.iter().map(|k| format!("b:{k}")).collect(), a.to_vec()));
             }
             // The request id is the third argument.
-            let (replies, fresh) = eval_batch(&mut conn, &batch, &sent, |_| Some(2));
+            let (replies, fresh, _) = eval_batch(&mut conn, &batch, &sent, |_| Some(2));
             batched.extend(replies);
             fresh_ids += fresh;
         }
@@ -1103,7 +1109,8 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
         include_str!("../lua/concurrency_release.lua")
     );
     let batch = shimmed_batch(include_str!("../lua/concurrency_batch.lua"));
-    let (mut decided, mut passed, mut released, mut failed, mut fresh_ids) = (0, 0, 0, 0, 0);
+    let (mut decided, mut passed, mut released, mut failed) = (0, 0, 0, 0);
+    let (mut fresh_ids, mut repeated) = (0, 0);
     for seed in 1..=60u64 {
         let mut dice = Dice(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
@@ -1115,15 +1122,21 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
             }
         }
         let (mut clock, mut id) = (1_800_000_000_000_000i64, 1i64);
-        // Slots taken so far: key, id, cost.
+        // Slots taken so far: key, id, cost; and the last slot released,
+        // released again at times (a receipt given back twice by hand).
         let mut taken: Vec<(&str, i64, i64)> = Vec::new();
+        let mut last_released = None;
         let (mut alone, mut batched) = (Vec::new(), Vec::new());
         for _ in 0..8 {
             let mut call: Vec<(Vec<String>, Vec<i64>)> = Vec::new();
             for _ in 0..=dice.below(12) {
                 let (key, script, args) = if dice.one_in(3) && !taken.is_empty() {
-                    let (key, id, cost) = taken[dice.below(taken.len() as u64) as usize];
+                    let (key, id, cost) = match last_released {
+                        Some(again) if dice.one_in(3) => again,
+                        _ => taken[dice.below(taken.len() as u64) as usize],
+                    };
                     let id = if dice.one_in(8) { id + 7_000_000 } else { id };
+                    last_released = Some((key, id, cost));
                     (key, &release, vec![id, cost])
                 } else {
                     clock += dice.pick(&[0, 0, 0, 1, 1_000_000, 20_000_000]);
@@ -1153,9 +1166,10 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
             decided += call.len();
             // A check's request id is its fifth argument, a release's its first.
             let id_at = |a: &[i64]| Some(if a.len() == 5 { 4 } else { 0 });
-            let (replies, fresh) = eval_batch(&mut conn, &batch, &call, id_at);
+            let (replies, fresh, same) = eval_batch(&mut conn, &batch, &call, id_at);
             batched.extend(replies);
             fresh_ids += fresh;
+            repeated += same;
         }
         assert_eq!(alone, batched, "seed {seed}");
         for key in &keys[..2] {
@@ -1172,6 +1186,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
     assert!(released > 100, "{released} slots released");
     assert!(failed > 20, "{failed} failed of {decided}");
     assert!(fresh_ids > 20, "{fresh_ids} sent by their id alone");
+    assert!(repeated > 5, "{repeated} sent as the one before");
 }
 
 #[tokio::test]
@@ -1709,6 +1724,44 @@ async fn a_concurrency_check_given_up_on_its_way_gives_its_slot_back() {
         assert_eq!(calls.get("zadd"), Some(&1), "the slot was taken: {calls:?}");
         assert_eq!(calls.get("zrem"), Some(&1), "and given back: {calls:?}");
     }
+}
+
+#[tokio::test]
+async fn a_concurrency_pass_that_comes_back_unread_is_given_back() {
+    // The answer is in, but the request is dropped before it runs again to
+    // read it (a client that hung up meanwhile): the pass is given back,
+    // sent alone or not, batching or not, and queued in a batch.
+    let server = RedisServer::start();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for batching in [true, false] {
+        let store = store_with(&server.url(), &format!("unread{batching}"), None, batching).await;
+        let (policy, key) = (slots("unread", 5), Key::new("k"));
+        warm_up(&store, &policy).await;
+        let mut check = store.check(&policy, &key, 1);
+        assert!(check.as_mut().poll(&mut cx).is_pending());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(check);
+        until_slots_held(&store, &policy, &key, 0).await;
+    }
+    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
+    let (policy, key) = (slots("unread_queued", 500), Key::new("k"));
+    warm_up(&store, &policy).await;
+    let sleeper = put_to_sleep(&server, "0.2").await;
+    let sent = take_every_slot(&store, &policy, &Key::new("other")).await;
+    let (mut a, mut b) = (store.check(&policy, &key, 1), store.check(&policy, &key, 1));
+    assert!(a.as_mut().poll(&mut cx).is_pending() && b.as_mut().poll(&mut cx).is_pending());
+    sleeper.join().unwrap();
+    for d in sent {
+        assert!(d.await.unwrap().unwrap().allowed);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        store.peek(&policy, &key).await.unwrap().used,
+        2,
+        "both passed, unread"
+    );
+    drop((a, b));
+    until_slots_held(&store, &policy, &key, 0).await;
 }
 
 #[tokio::test]

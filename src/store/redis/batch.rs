@@ -148,7 +148,9 @@ impl Batcher {
     /// the wait for the answer: a future that holds only what its route
     /// needs (an `async fn` would also keep its arguments), so a pending
     /// decision stays small. Dropped unpolled, its slot is handed on, and
-    /// a queued charge is never sent (a give-back still is).
+    /// a queued charge is never sent (a give-back still is). A concurrency
+    /// check that gets a slot is sent at once, from a task of its own, and
+    /// a pass of it that no one reads is given back.
     fn run(
         &self,
         script: &'static LuaScript,
@@ -156,6 +158,16 @@ impl Batcher {
         args: Args,
         gives_back: bool,
     ) -> impl std::future::Future<Output = Answer> + Send + '_ {
+        // A pass that holds a slot must outlive its caller: what gives it
+        // back if the caller goes before reading it.
+        let mut held = SCRIPTS.give_back_of(script, &args).map(|_| {
+            Box::new(Held {
+                conn: self.shared.conn.clone(),
+                script,
+                keys: keys.clone(),
+                args: args.clone(),
+            })
+        });
         let route = {
             let mut state = self.shared.lock();
             if state.in_flight < MAX_IN_FLIGHT {
@@ -163,32 +175,39 @@ impl Batcher {
                 // Hands the slot on when the call ends, or is cancelled.
                 Route::Alone(keys, args, Slot(self.shared.clone()))
             } else {
-                Route::Queued(state.enqueue(script, keys, args, gives_back))
+                let answer = state.enqueue(script, keys, args, gives_back);
+                Route::Queued(Answered {
+                    answer,
+                    held: held.take(),
+                })
             }
         };
-        // A pass that holds a slot must outlive its caller: sent alone, it
-        // goes from a task of its own (queued, the batch sees to it).
-        let route = match route {
-            Route::Alone(keys, args, slot) if SCRIPTS.give_back_of(script, &args).is_some() => {
+        // Sent alone, such a pass goes from a task of its own; queued, the
+        // batch's task sees to it. Either way, one the caller never reads
+        // is given back.
+        let route = match (route, held) {
+            (Route::Alone(keys, args, slot), Some(held)) => {
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => {
                         let conn = self.shared.conn.clone();
                         let slot = Some(slot);
-                        Route::Queued(spawn_holding(&runtime, conn, script, keys, args, slot))
+                        let answer = spawn_holding(&runtime, conn, script, keys, args, slot);
+                        Route::Queued(Answered {
+                            answer,
+                            held: Some(held),
+                        })
                     }
                     Err(_) => Route::Alone(keys, args, slot),
                 }
             }
-            route => route,
+            (route, _) => route,
         };
         async move {
             match route {
                 Route::Alone(keys, args, _slot) => {
                     reply::integers(self.shared.conn.eval(script, &keys, &args, false).await?)
                 }
-                Route::Queued(answer) => answer
-                    .await
-                    .unwrap_or_else(|_| Err(unsent("the batch was dropped before Redis answered"))),
+                Route::Queued(answered) => answered.await,
             }
         }
     }
@@ -215,10 +234,83 @@ impl State {
     }
 }
 
-/// Where one decision goes: out at once, or into the queue.
+/// Where one decision goes: out at once, or into the queue (or out from a
+/// task of its own: see [`spawn_holding`]).
 enum Route {
     Alone(KeyList, Args, Slot),
-    Queued(oneshot::Receiver<Answer>),
+    Queued(Answered),
+}
+
+/// Where a queued (or spawned) call's answer comes. For a call whose pass
+/// holds a slot, dropped before the answer is read (its request gave up
+/// just as the answer came), it gives the pass back: the channel is closed
+/// first, so a pass that comes later finds no one and the sending side
+/// gives it back instead. Each pass is given back once.
+struct Answered {
+    answer: oneshot::Receiver<Answer>,
+    held: Option<Box<Held>>,
+}
+
+/// What gives back a slot-taking call's pass: the call, and where to send.
+struct Held {
+    conn: Connection,
+    script: &'static LuaScript,
+    keys: KeyList,
+    args: Args,
+}
+
+impl std::future::Future for Answered {
+    type Output = Answer;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Answer> {
+        let got = std::task::ready!(std::pin::Pin::new(&mut self.answer).poll(cx));
+        // Read: the caller has it now.
+        self.held = None;
+        std::task::Poll::Ready(
+            got.unwrap_or_else(|_| Err(unsent("the call ended before Redis answered"))),
+        )
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        self.answer.close();
+        let Ok(Ok(ints)) = self.answer.try_recv() else {
+            return;
+        };
+        let Held {
+            conn,
+            script,
+            keys,
+            args,
+        } = *held;
+        if let Some(pass) = unheard_pass(script, keys, &args, &ints) {
+            give_back_now(conn, pass);
+        }
+    }
+}
+
+/// Sends a give-back from a task (its caller cannot wait: it is gone).
+fn give_back_now(conn: Connection, pass: Unheard) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return tracing::warn!(
+            script = pass.script.name,
+            "no Tokio runtime to release a rate limit charge on; it expires in the store instead"
+        );
+    };
+    runtime.spawn(async move {
+        let Unheard { script, keys, args } = pass;
+        if let Err(err) = conn.eval(script, &keys, &args, false).await {
+            tracing::warn!(script = script.name, error = %err,
+                "rate limit release failed; the charge expires in the store instead");
+        }
+    });
 }
 
 impl Shared {
@@ -507,12 +599,21 @@ pub(crate) async fn eval_holding(
     keys: KeyList,
     args: Args,
 ) -> Answer {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => spawn_holding(&runtime, conn.clone(), script, keys, args, None)
-            .await
-            .unwrap_or_else(|_| Err(unsent("the call's task ended before Redis answered"))),
-        Err(_) => reply::integers(conn.eval(script, &keys, &args, false).await?),
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return reply::integers(conn.eval(script, &keys, &args, false).await?);
+    };
+    let held = Box::new(Held {
+        conn: conn.clone(),
+        script,
+        keys: keys.clone(),
+        args: args.clone(),
+    });
+    let answer = spawn_holding(&runtime, conn.clone(), script, keys, args, None);
+    Answered {
+        answer,
+        held: Some(held),
     }
+    .await
 }
 
 /// Why a whole batch failed, told to each of its decisions.
