@@ -180,9 +180,7 @@ impl Scripts {
             .find(|(sha, _)| *sha == check.sha)
             .map(|(_, batch)| batch)
     }
-}
 
-impl Scripts {
     /// For a script whose pass holds something until given back (the
     /// concurrency check's slots): the script that gives it back, and its
     /// arguments (`lua/concurrency_release.lua`'s id and cost) from the
