@@ -304,13 +304,22 @@ fn give_back_now(conn: Connection, pass: Unheard) {
             "no Tokio runtime to release a rate limit charge on; it expires in the store instead"
         );
     };
-    runtime.spawn(async move {
-        let Unheard { script, keys, args } = pass;
-        if let Err(err) = conn.eval(script, &keys, &args, false).await {
-            tracing::warn!(script = script.name, error = %err,
-                "rate limit release failed; the charge expires in the store instead");
-        }
-    });
+    runtime.spawn(async move { send_give_back(&conn, pass).await });
+}
+
+/// Gives back a pass no one heard of, waiting at most
+/// [`HOLDING_PATIENCE`] (nobody waits for it; a failure is logged, and the
+/// slot then times out in Redis).
+async fn send_give_back(conn: &Connection, pass: Unheard) {
+    let Unheard { script, keys, args } = pass;
+    let sent = tokio::time::timeout(HOLDING_PATIENCE, conn.eval(script, &keys, &args, false));
+    let err = match sent.await {
+        Ok(Ok(_)) => return,
+        Ok(Err(err)) => StoreError::from(err),
+        Err(_) => StoreError::timeout(),
+    };
+    tracing::warn!(script = script.name, error = %err,
+        "rate limit release failed; the charge expires in the store instead");
 }
 
 impl Shared {
@@ -579,11 +588,8 @@ fn spawn_holding(
         let Err(Ok(ints)) = reply.send(got) else {
             return drop(slot);
         };
-        if let Some(Unheard { script, keys, args }) = unheard_pass(script, keys, &args, &ints) {
-            if let Err(err) = conn.eval(script, &keys, &args, false).await {
-                tracing::warn!(script = script.name, error = %err,
-                    "rate limit release failed; the charge expires in the store instead");
-            }
+        if let Some(pass) = unheard_pass(script, keys, &args, &ints) {
+            send_give_back(&conn, pass).await;
         }
         drop(slot);
     });
