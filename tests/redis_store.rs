@@ -1819,13 +1819,8 @@ async fn concurrency_checks_given_up_at_random_leave_no_slot_taken() {
 #[tokio::test]
 async fn a_release_behind_busy_calls_is_queued_and_answered_at_once() {
     let server = RedisServer::start();
-    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy = slots("held", 10);
+    let (store, policy, mut held) = holding(&server, slots("held", 10), 4).await;
     let (slots, other) = (Key::new("k"), Key::new("other"));
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(store.check(&policy, &slots, 1).await.unwrap().receipt);
-    }
     let kept = held.pop().unwrap();
     assert!(
         store.refund_now(&policy, &slots, &kept).is_none(),
@@ -1858,10 +1853,9 @@ async fn a_release_queued_after_a_check_goes_out_before_it() {
     // and the check finds the slot free (either order is a valid history of
     // two concurrent calls; this one never rejects for nothing).
     let server = RedisServer::start();
-    let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
-    let policy = slots("one", 1);
+    let (store, policy, mut held) = holding(&server, slots("one", 1), 1).await;
     let (slot, other) = (Key::new("k"), Key::new("other"));
-    let held = store.check(&policy, &slot, 1).await.unwrap().receipt;
+    let held = held.pop().unwrap();
     let unrelated = slots("many", 10);
 
     let sleeper = put_to_sleep(&server, "0.2").await;
