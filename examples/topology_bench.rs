@@ -1,10 +1,12 @@
 //! Decisions per second and Redis commands per decision on one Redis (alone,
-//! and with a replica), a 3-primary Redis Cluster (one replica each) and 2
-//! application shards (one replica each), with the same load, in one run.
+//! and with a replica), a 3-primary Redis Cluster (one replica each; with
+//! batching and without) and 2 application shards (one replica each), with
+//! the same load, in one run.
 //!
 //! ```sh
 //! cargo run --release --example topology_bench   # 3 rounds of 4 s per topology, 64 in flight
 //! BENCH_ROUNDS=5 BENCH_SECS=5 BENCH_CONCURRENCY=128 cargo run --release --example topology_bench
+//! BENCH_CALLERS=1 cargo run --release --example topology_bench   # one caller's flood (default 10,000)
 //! ```
 //!
 //! It starts its own `redis-server` processes on free loopback ports (the
@@ -44,8 +46,6 @@ const NOT_SENT_BY_CLIENTS: &[&str] = &[
     "sync",
 ];
 
-const CALLERS: u64 = 10_000;
-
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -77,6 +77,9 @@ fn main() {
     let secs = env("BENCH_SECS", 4);
     let rounds = env("BENCH_ROUNDS", 3) as usize;
     let concurrency = env("BENCH_CONCURRENCY", 64) as usize;
+    // Few callers (a flood) is where batching on a cluster shows: a batch
+    // holds decisions of one hash slot.
+    let callers = env("BENCH_CALLERS", 10_000).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -105,6 +108,13 @@ fn main() {
             .connect()
             .await
             .expect("connect")
+            .build()
+            .expect("store");
+        let cluster_alone = RedisStore::cluster(cluster.urls())
+            .connect()
+            .await
+            .expect("connect")
+            .batching(false)
             .build()
             .expect("store");
         let sharded_store = RedisStore::sharded([
@@ -136,6 +146,12 @@ fn main() {
                 all: cluster.nodes().iter().collect(),
             },
             Topology {
+                name: "cluster, batching off",
+                store: Arc::new(cluster_alone),
+                primaries: cluster.nodes()[..3].iter().collect(),
+                all: cluster.nodes().iter().collect(),
+            },
+            Topology {
                 name: "2 shards x 1 replica",
                 store: Arc::new(sharded_store),
                 primaries: pairs.iter().map(|(p, _)| p).collect(),
@@ -145,14 +161,14 @@ fn main() {
     });
 
     println!(
-        "tollgate topology bench: fixed window, {CALLERS} callers, {concurrency} decisions in \
+        "tollgate topology bench: fixed window, {callers} callers, {concurrency} decisions in \
          flight, {rounds} interleaved rounds of {secs} s per topology, {cores} cores, client \
          runtime with 2 workers"
     );
     let mut results: Vec<Vec<Round>> = topologies.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds {
         for (t, topology) in topologies.iter().enumerate() {
-            let round = runtime.block_on(measure(topology, secs, concurrency));
+            let round = runtime.block_on(measure(topology, secs, concurrency, callers));
             results[t].push(round);
         }
     }
@@ -205,7 +221,7 @@ fn main() {
 }
 
 /// Runs the load on one topology for `secs` seconds.
-async fn measure(topology: &Topology<'_>, secs: u64, concurrency: usize) -> Round {
+async fn measure(topology: &Topology<'_>, secs: u64, concurrency: usize, callers: u64) -> Round {
     let policy = Arc::new(Policy::fixed_window(
         "bench",
         Quota::per_minute(NonZeroU32::new(1_000_000_000).unwrap()),
@@ -215,6 +231,7 @@ async fn measure(topology: &Topology<'_>, secs: u64, concurrency: usize) -> Roun
         &topology.store,
         &policy,
         concurrency,
+        callers,
         Duration::from_millis(300),
     )
     .await;
@@ -231,6 +248,7 @@ async fn measure(topology: &Topology<'_>, secs: u64, concurrency: usize) -> Roun
         &topology.store,
         &policy,
         concurrency,
+        callers,
         Duration::from_secs(secs),
     )
     .await;
@@ -260,6 +278,7 @@ async fn run(
     store: &Arc<dyn Store>,
     policy: &Arc<Policy>,
     concurrency: usize,
+    callers: u64,
     time: Duration,
 ) -> (u64, u64) {
     let stop = Arc::new(AtomicBool::new(false));
@@ -281,7 +300,7 @@ async fn run(
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let key = Key::new(format!("caller-{}", x % CALLERS));
+                    let key = Key::new(format!("caller-{}", x % callers));
                     match store.check(&policy, &key, 1).await {
                         Ok(_) => decisions.fetch_add(1, Ordering::Relaxed),
                         Err(_) => failures.fetch_add(1, Ordering::Relaxed),

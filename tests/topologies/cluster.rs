@@ -1,11 +1,15 @@
 //! Redis Cluster: hash tags callers cannot steer, scripts on nodes that never
 //! saw them, and peeks served by replicas.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::conformance::T0;
-use crate::support::redis::{key_slot, unique_prefix, wait_for_replication, RedisServer};
+use crate::support::redis::{
+    key_slot, unique_prefix, wait_for_replication, RedisCluster, RedisServer,
+};
 use crate::{redis_key, reset_stats, script_calls, shared_cluster};
 use tollgate::{Key, ManualClock, Policy, Quota, RedisStore, Store};
 
@@ -171,4 +175,125 @@ async fn peeks_go_to_replicas_which_read_an_ended_window_as_empty() {
     assert_eq!((fresh.used, fresh.remaining), (0, 3), "{fresh:?}");
     assert!(fresh.allowed);
     assert!(fresh.reset_at_micros > rejected.reset_at_micros);
+}
+
+/// The script calls every primary of `cluster` has served since its stats
+/// were reset.
+fn cluster_script_calls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .flat_map(|n| script_calls(n).into_values())
+        .sum()
+}
+
+/// On one thread, as the zoo runs: every decision queues before the first
+/// call comes back. A cluster of its own, so no other test's calls count.
+#[tokio::test]
+async fn a_flood_on_a_cluster_is_batched_per_slot_and_keeps_every_limit() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = Arc::new(
+        RedisStore::cluster(cluster.urls())
+            .connect()
+            .await
+            .unwrap()
+            .prefix(unique_prefix("cluster-batch"))
+            .build()
+            .unwrap(),
+    );
+    let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()))
+        .and(Quota::per_hour(NonZeroU32::new(50).unwrap()));
+    // Four callers on four slots.
+    let callers = ["ann", "bob", "cy", "dee"];
+    let slots: BTreeSet<u16> = callers
+        .iter()
+        .map(|c| key_slot(&format!("{{core|{}}}", Key::new(*c).as_str())))
+        .collect();
+    assert_eq!(slots.len(), 4, "the callers share a slot: {slots:?}");
+    // Scripts cached on their nodes first: one unit of each budget.
+    for caller in callers {
+        assert!(
+            store
+                .check(&policy, &Key::new(caller), 1)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    cluster.nodes().iter().for_each(reset_stats);
+    let decisions: Vec<_> = (0..400)
+        .map(|i| {
+            let (store, policy) = (store.clone(), policy.clone());
+            let caller = callers[i % callers.len()];
+            tokio::spawn(async move {
+                let d = store.check(&policy, &Key::new(caller), 1).await.unwrap();
+                (caller, d.allowed)
+            })
+        })
+        .collect();
+    let mut admitted = BTreeMap::new();
+    for d in decisions {
+        let (caller, allowed) = d.await.unwrap();
+        *admitted.entry(caller).or_insert(0) += u32::from(allowed);
+    }
+    assert_eq!(admitted.len(), 4);
+    assert!(admitted.values().all(|&n| n == 4), "{admitted:?}");
+    let calls = cluster_script_calls(&cluster);
+    println!("400 decisions of 4 callers on a cluster: {calls} script calls");
+    // Alone, 400; per slot, four go alone before the rest queue.
+    assert!(calls <= 40, "{calls} script calls for 400 decisions");
+}
+
+/// A concurrency limit's checks and releases batch on their slot too: the
+/// limit holds, and every released slot is free again.
+#[tokio::test]
+async fn a_concurrency_flood_on_a_cluster_takes_and_frees_slots_in_batches() {
+    let cluster = RedisCluster::start(1, 0);
+    let store = Arc::new(
+        RedisStore::cluster(cluster.urls())
+            .connect()
+            .await
+            .unwrap()
+            .prefix(unique_prefix("cluster-conc"))
+            .build()
+            .unwrap(),
+    );
+    let ten = NonZeroU32::new(10).unwrap();
+    let policy = Policy::concurrency("jobs", ten, Duration::from_secs(60)).unwrap();
+    let key = Key::new("flood");
+    let warm = store.check(&policy, &key, 1).await.unwrap();
+    store.refund(&policy, &key, &warm.receipt).await.unwrap();
+    cluster.nodes().iter().for_each(reset_stats);
+    let checks: Vec<_> = (0..200)
+        .map(|_| {
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            tokio::spawn(async move { store.check(&policy, &key, 1).await.unwrap() })
+        })
+        .collect();
+    let mut passes = Vec::new();
+    for check in checks {
+        let d = check.await.unwrap();
+        if d.allowed {
+            passes.push(d);
+        }
+    }
+    assert_eq!(passes.len(), 10, "passes past a limit of 10");
+    let releases: Vec<_> = passes
+        .into_iter()
+        .map(|d| {
+            let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
+            tokio::spawn(async move { store.refund(&policy, &key, &d.receipt).await.unwrap() })
+        })
+        .collect();
+    for release in releases {
+        release.await.unwrap();
+    }
+    let calls = cluster_script_calls(&cluster);
+    println!("200 checks and 10 releases on a cluster: {calls} script calls");
+    assert!(calls <= 30, "{calls} script calls for 210 decisions");
+    // Every slot is free again: ten more pass.
+    for _ in 0..10 {
+        assert!(store.check(&policy, &key, 1).await.unwrap().allowed);
+    }
+    assert!(!store.check(&policy, &key, 1).await.unwrap().allowed);
 }

@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 use super::connection::Connection;
 use super::reply::{self, Ints};
 use super::script::{LuaScript, SCRIPTS};
+use super::shards::hash_tag;
 use super::Args;
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
@@ -50,6 +51,12 @@ pub(crate) struct Batcher {
 struct Shared {
     conn: Connection,
     state: Mutex<State>,
+    /// Redis Cluster: a call holds one caller's decisions (one hash tag).
+    /// Callers that share a slot may sit on two nodes while the slot
+    /// migrates, and a call with keys on both is refused (`TRYAGAIN`) until
+    /// the whole slot has moved; one caller's call is refused only while
+    /// its own keys are split.
+    one_tag_per_call: bool,
 }
 
 #[derive(Debug, Default)]
@@ -86,6 +93,7 @@ impl Batcher {
     pub(crate) fn new(conn: Connection) -> Self {
         Self {
             shared: Arc::new(Shared {
+                one_tag_per_call: matches!(conn, Connection::Cluster(..)),
                 conn,
                 state: Mutex::new(State::default()),
             }),
@@ -395,14 +403,17 @@ async fn send(shared: &Shared, mut jobs: Vec<Job>) {
     }
     while !jobs.is_empty() {
         let script = jobs[0].script;
-        // Most batches hold one script: sent as they are, not sorted apart.
-        if jobs.iter().all(|j| batch_together(j.script, script)) {
+        let tag = (shared.one_tag_per_call).then(|| hash_tag(&jobs[0].keys[0]).to_owned());
+        let together = |j: &Job| {
+            batch_together(j.script, script)
+                && tag.as_deref().is_none_or(|tag| hash_tag(&j.keys[0]) == tag)
+        };
+        // Most batches hold one script (and caller): sent as they are.
+        if jobs.iter().all(together) {
             let unheard = send_one_script(&shared.conn, script, jobs).await;
             return shared.give_back_later(unheard);
         }
-        let (same, rest): (Vec<Job>, Vec<Job>) = jobs
-            .into_iter()
-            .partition(|j| batch_together(j.script, script));
+        let (same, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(together);
         jobs = rest;
         let unheard = send_one_script(&shared.conn, script, same).await;
         shared.give_back_later(unheard);
@@ -596,8 +607,8 @@ fn spawn_holding(
     answer
 }
 
-/// Runs a call whose pass holds a slot without a batcher (Redis Cluster, or
-/// batching off) as [`spawn_holding`] does: a caller that gives up never
+/// Runs a call whose pass holds a slot without a batcher (batching off) as
+/// [`spawn_holding`] does: a caller that gives up never
 /// leaves the slot taken.
 pub(crate) async fn eval_holding(
     conn: &Connection,

@@ -1,6 +1,7 @@
 //! The Redis store: one script call, one round trip, per decision.
 
 mod batch;
+mod batchers;
 mod cluster;
 pub(crate) mod connection;
 pub(crate) mod reply;
@@ -19,7 +20,7 @@ use deadpool_redis::Pool;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 
-use self::batch::Batcher;
+use self::batchers::Batchers;
 use self::connection::{Connection, PooledConnection};
 use self::script::{LuaScript, SCRIPTS};
 use super::keys::KeyList;
@@ -70,8 +71,8 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     pre_check: bool,
     /// Sends concurrent charging calls together: one per server (a shard's
-    /// primary); none when batching is off or on a cluster.
-    batchers: Vec<Batcher>,
+    /// primary) or per cluster hash slot; none when batching is off.
+    batchers: Batchers,
 }
 
 /// Options for a [`RedisStore`]; made by its `from_*` constructors.
@@ -160,7 +161,9 @@ impl RedisStoreBuilder {
     }
 
     /// Sends the decisions of concurrent requests together, in one script
-    /// call per server (on by default; not on Redis Cluster).
+    /// call per server (on by default). On Redis Cluster a call may only
+    /// touch one hash slot's keys, so decisions batch per slot: a flood
+    /// from one caller batches, a crowd spread over the slots mostly not.
     ///
     /// A decision that finds fewer than four calls on their way goes out at
     /// once, alone, as without batching. Past that, decisions queue, and a
@@ -194,15 +197,7 @@ impl RedisStoreBuilder {
             Some(prefix) => KeySpace::new(prefix)?,
             None => KeySpace::default(),
         };
-        let batchers = match &self.conn {
-            _ if !self.batching => Vec::new(),
-            Connection::Cluster(..) => Vec::new(),
-            Connection::Sharded(shards) => shards
-                .primaries()
-                .map(|primary| Batcher::new(Connection::Manager(primary)))
-                .collect(),
-            _ => vec![Batcher::new(self.conn.clone())],
-        };
+        let batchers = Batchers::new(&self.conn, self.batching);
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 batchers,
@@ -395,12 +390,8 @@ impl RedisStore {
     }
 
     /// The batcher for a writing call on `keys`, if the store batches.
-    fn batcher_for(&self, keys: &[String]) -> Option<&Batcher> {
-        match &self.inner.conn {
-            _ if self.inner.batchers.is_empty() => None,
-            Connection::Sharded(shards) => self.inner.batchers.get(shards.shard_of(keys)),
-            _ => self.inner.batchers.first(),
-        }
+    fn batcher_for(&self, keys: &[String]) -> Option<&batch::Batcher> {
+        self.inner.batchers.for_keys(&self.inner.conn, keys)
     }
 
     /// The script, keys and arguments one decision needs.
@@ -660,7 +651,7 @@ impl Store for RedisStore {
             return None;
         }
         // With a slot free (low load) the caller sends it: build nothing.
-        if !self.inner.batchers.iter().any(Batcher::is_busy) {
+        if !self.inner.batchers.any_busy() {
             return None;
         }
         let keys = self.inner.keys.quota_keys(policy, key);
