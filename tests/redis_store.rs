@@ -1726,6 +1726,58 @@ async fn a_concurrency_check_given_up_on_its_way_gives_its_slot_back() {
     }
 }
 
+/// A concurrency check goes from a task of its own, which must not outlive
+/// a Redis that hangs: on a connection without a response timeout of its
+/// own, the task gives up after 10 s (time paused and moved by hand once
+/// the checks wait on a paused Redis).
+#[tokio::test]
+async fn a_check_on_a_task_of_its_own_waits_ten_seconds_for_a_hung_redis() {
+    let server = RedisServer::start();
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    for batching in [true, false] {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap();
+        let store = RedisStore::from_connection(conn)
+            .prefix(format!("hung{batching}"))
+            .batching(batching)
+            .build()
+            .unwrap();
+        let (policy, key) = (slots("hung", 5), Key::new("k"));
+        warm_up(&store, &policy).await;
+        let before = alive();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(400)
+            .arg("ALL")
+            .query(&mut server.conn())
+            .unwrap();
+        for _ in 0..3 {
+            let check =
+                tokio::time::timeout(Duration::from_millis(50), store.check(&policy, &key, 1));
+            assert!(check.await.is_err(), "Redis is paused: no answer");
+        }
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(alive(), before + 3, "the checks' tasks wait for Redis");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(alive(), before, "and give up after 10 s");
+        // Redis wakes within 400 ms and runs the checks; their slots time
+        // out in Redis, as documented for answers past 10 s.
+        tokio::time::resume();
+    }
+}
+
 #[tokio::test]
 async fn a_concurrency_pass_that_comes_back_unread_is_given_back() {
     // The answer is in, but the request is dropped before it runs again to
