@@ -240,7 +240,7 @@ async fn a_flood_on_a_cluster_is_batched_per_slot_and_keeps_every_limit() {
     assert!(admitted.values().all(|&n| n == 4), "{admitted:?}");
     let calls = cluster_script_calls(&cluster);
     println!("400 decisions of 4 callers on a cluster: {calls} script calls");
-    // Alone, 400; per slot, four go alone before the rest queue.
+    // Alone, 400; per slot, one goes alone and the rest queue behind it.
     assert!(calls <= 40, "{calls} script calls for 400 decisions");
 }
 

@@ -20,8 +20,8 @@ pub(crate) enum Batchers {
     /// shards' order.
     PerServer(Vec<Batcher>),
     /// Redis Cluster: one per hash slot, made when the slot is first used
-    /// (a table of 16,384 empty cells, 256 KB). Each slot has its own calls
-    /// in flight, and a batch call holds one caller's decisions (see
+    /// (a table of 16,384 empty cells, 256 KB). Each slot has one call in
+    /// flight at a time, and a batch call holds one caller's decisions (see
     /// `one_tag_per_call` in `batch.rs`), so a flood on one caller batches
     /// while a crowd spread over the slots goes out call by call, as
     /// without batching.

@@ -162,8 +162,9 @@ impl RedisStoreBuilder {
 
     /// Sends the decisions of concurrent requests together, in one script
     /// call per server (on by default). On Redis Cluster a call may only
-    /// touch one hash slot's keys, so decisions batch per slot: a flood
-    /// from one caller batches, a crowd spread over the slots mostly not.
+    /// touch one hash slot's keys, so decisions batch per slot (one call
+    /// in flight each, one caller per call): a flood from one caller
+    /// batches, a crowd spread over the slots mostly not.
     ///
     /// A decision that finds fewer than four calls on their way goes out at
     /// once, alone, as without batching. Past that, decisions queue, and a
