@@ -187,20 +187,18 @@ fn cluster_script_calls(cluster: &RedisCluster) -> u64 {
         .sum()
 }
 
+/// A batching store on `cluster`, its keys under a prefix of its own.
+async fn own_store(cluster: &RedisCluster, name: &str) -> Arc<RedisStore> {
+    let builder = RedisStore::cluster(cluster.urls()).connect().await.unwrap();
+    Arc::new(builder.prefix(unique_prefix(name)).build().unwrap())
+}
+
 /// On one thread, as the zoo runs: every decision queues before the first
 /// call comes back. A cluster of its own, so no other test's calls count.
 #[tokio::test]
 async fn a_flood_on_a_cluster_is_batched_per_slot_and_keeps_every_limit() {
     let cluster = RedisCluster::start(3, 0);
-    let store = Arc::new(
-        RedisStore::cluster(cluster.urls())
-            .connect()
-            .await
-            .unwrap()
-            .prefix(unique_prefix("cluster-batch"))
-            .build()
-            .unwrap(),
-    );
+    let store = own_store(&cluster, "cluster-batch").await;
     let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()))
         .and(Quota::per_hour(NonZeroU32::new(50).unwrap()));
     // Four callers on four slots.
@@ -249,15 +247,7 @@ async fn a_flood_on_a_cluster_is_batched_per_slot_and_keeps_every_limit() {
 #[tokio::test]
 async fn a_concurrency_flood_on_a_cluster_takes_and_frees_slots_in_batches() {
     let cluster = RedisCluster::start(1, 0);
-    let store = Arc::new(
-        RedisStore::cluster(cluster.urls())
-            .connect()
-            .await
-            .unwrap()
-            .prefix(unique_prefix("cluster-conc"))
-            .build()
-            .unwrap(),
-    );
+    let store = own_store(&cluster, "cluster-conc").await;
     let ten = NonZeroU32::new(10).unwrap();
     let policy = Policy::concurrency("jobs", ten, Duration::from_secs(60)).unwrap();
     let key = Key::new("flood");
