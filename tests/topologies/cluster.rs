@@ -196,7 +196,7 @@ async fn own_store(cluster: &RedisCluster, name: &str) -> Arc<RedisStore> {
 /// On one thread, as the zoo runs: every decision queues before the first
 /// call comes back. A cluster of its own, so no other test's calls count.
 #[tokio::test]
-async fn a_flood_on_a_cluster_is_batched_per_slot_and_keeps_every_limit() {
+async fn a_flood_on_a_cluster_is_batched_per_caller_and_keeps_every_limit() {
     let cluster = RedisCluster::start(3, 0);
     let store = own_store(&cluster, "cluster-batch").await;
     let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()))
@@ -286,4 +286,136 @@ async fn a_concurrency_flood_on_a_cluster_takes_and_frees_slots_in_batches() {
         assert!(store.check(&policy, &key, 1).await.unwrap().allowed);
     }
     assert!(!store.check(&policy, &key, 1).await.unwrap().allowed);
+}
+
+/// The keys of every script call since `server`'s slow log was emptied (it
+/// logs every command), for the calls whose keys begin with `prefix`: the
+/// first 28 or so of a long call's, as the log keeps them.
+fn keys_per_call(server: &RedisServer, prefix: &str) -> Vec<BTreeSet<String>> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(&mut server.conn())
+        .unwrap();
+    let text = |v: &redis::Value| redis::from_redis_value::<String>(v.clone()).unwrap_or_default();
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let redis::Value::Array(fields) = entry else {
+                return None;
+            };
+            let redis::Value::Array(args) = fields.get(3)? else {
+                return None;
+            };
+            let name = text(args.first()?).to_lowercase();
+            if !name.starts_with("eval") {
+                return None;
+            }
+            // The slow log keeps 32 arguments of a call, the last saying
+            // how many more there were.
+            let n: usize = text(args.get(2)?).parse().ok()?;
+            let shown = &args[3..(3 + n).min(args.len())];
+            let keys: BTreeSet<String> = shown
+                .iter()
+                .map(text)
+                .filter(|k| !k.starts_with("... ("))
+                .collect();
+            keys.iter().all(|k| k.starts_with(prefix)).then_some(keys)
+        })
+        .collect()
+}
+
+/// Callers of a sliding log share its resource key, one slot: on a cluster
+/// their decisions batch apart, each call on one caller's keys, so no call
+/// holds keys a slot migration could split beyond one decision's own, and
+/// callers do not queue behind one another's calls.
+#[tokio::test]
+async fn callers_sharing_a_slot_never_share_a_call() {
+    let cluster = RedisCluster::start(1, 0);
+    let node = &cluster.nodes()[0];
+    for (setting, value) in [
+        ("slowlog-log-slower-than", "0"),
+        ("slowlog-max-len", "100000"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(setting)
+            .arg(value)
+            .query(&mut node.conn())
+            .unwrap();
+    }
+    let prefix = unique_prefix("one-caller");
+    let builder = RedisStore::cluster(cluster.urls()).connect().await.unwrap();
+    let store = Arc::new(builder.prefix(&prefix).build().unwrap());
+    let hourly = |n| Quota::per_hour(NonZeroU32::new(n).unwrap());
+    let policy = Policy::sliding_log("log", hourly(1_000), hourly(10));
+    for caller in ["a", "b", "c", "d", "e"] {
+        store.check(&policy, &Key::new(caller), 1).await.unwrap();
+    }
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query(&mut node.conn())
+        .unwrap();
+    let decisions: Vec<_> = (0..200)
+        .map(|i| {
+            let (store, policy) = (store.clone(), policy.clone());
+            let caller = ["a", "b", "c", "d", "e"][i % 5];
+            tokio::spawn(async move { store.check(&policy, &Key::new(caller), 1).await.unwrap() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for d in decisions {
+        admitted += u32::from(d.await.unwrap().allowed);
+    }
+    assert_eq!(admitted, 5 * 9, "nine more each, after the first");
+    let calls = keys_per_call(node, &prefix);
+    assert!(
+        calls.len() < 200,
+        "the callers' floods batch: {} calls",
+        calls.len()
+    );
+    for keys in &calls {
+        assert_eq!(
+            keys.len(),
+            2,
+            "one caller's resource and consumer keys: {keys:?}"
+        );
+    }
+}
+
+/// A runtime that shuts down while a batch's task holds a call in flight
+/// (a second runtime, dropped mid-flood) must not leave that call counted:
+/// with one call at a time per caller, later decisions on the caller's keys
+/// would queue for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_shut_down_mid_batch_leaves_no_caller_stuck() {
+    let cluster = RedisCluster::start(1, 0);
+    let store = own_store(&cluster, "shut-down").await;
+    let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(100_000).unwrap()));
+    let key = Key::new("bob");
+    store.check(&policy, &key, 1).await.unwrap();
+    for round in 0..20u64 {
+        let (store2, policy2, key2) = (store.clone(), policy.clone(), key.clone());
+        tokio::task::spawn_blocking(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                for _ in 0..20 {
+                    let (store, policy, key) = (store2.clone(), policy2.clone(), key2.clone());
+                    tokio::spawn(async move { store.check(&policy, &key, 1).await });
+                }
+                // Let the first call go out, and at times come back.
+                tokio::time::sleep(Duration::from_micros(100 * (round % 10))).await;
+            });
+        })
+        .await
+        .unwrap();
+        let later = tokio::time::timeout(Duration::from_secs(2), store.check(&policy, &key, 1));
+        assert!(
+            later.await.is_ok(),
+            "round {round}: bob's decisions are stuck"
+        );
+    }
 }

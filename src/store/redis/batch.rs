@@ -1,8 +1,8 @@
 //! Decisions of concurrent requests sent together, in one script call.
 //!
 //! A decision that finds fewer than [`MAX_IN_FLIGHT`] calls on their way to
-//! the server (on Redis Cluster, [`MAX_IN_FLIGHT_PER_SLOT`] for its hash
-//! slot) sends its own script at once, from its own task, as it would
+//! the server (on Redis Cluster, [`MAX_IN_FLIGHT_PER_KEYS`] for its keys)
+//! sends its own script at once, from its own task, as it would
 //! without batching. Past that, decisions queue; when a call comes back, its
 //! slot goes to whatever has queued, sent as a single `EVALSHA` of the
 //! strategy's batch wrapper (`lua/batch.lua`), which runs every decision
@@ -24,7 +24,6 @@ use tokio::sync::oneshot;
 use super::connection::Connection;
 use super::reply::{self, Ints};
 use super::script::{LuaScript, SCRIPTS};
-use super::shards::hash_tag;
 use super::Args;
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
@@ -33,13 +32,13 @@ use crate::store::keys::KeyList;
 /// lone decision rarely waits, few enough that a crowd forms batches.
 const MAX_IN_FLIGHT: usize = 4;
 
-/// Calls on their way for one Redis Cluster hash slot before its decisions
-/// queue. A slot is in practice one caller, whose decisions Redis runs one
-/// after the other anyway, so one call at a time loses nothing and batches
-/// most: `topology_bench` on 3 primaries, 64 decisions in flight, gave
-/// 120,926 decisions/s for one caller (88,751 with 4 calls a slot, 52,648
-/// alone) and 71,767 for ten (55,210 with 4, 54,105 alone).
-const MAX_IN_FLIGHT_PER_SLOT: usize = 1;
+/// Calls on their way for one set of keys on Redis Cluster (one caller, in
+/// practice) before its decisions queue. Redis runs one caller's decisions
+/// one after the other anyway, so one call at a time loses nothing and
+/// batches most: `topology_bench` on 3 primaries, 64 decisions in flight,
+/// gave 120,926 decisions/s for one caller (88,751 with 4 calls at a time,
+/// 52,648 alone) and 71,767 for ten (55,210 with 4, 54,105 alone).
+const MAX_IN_FLIGHT_PER_KEYS: usize = 1;
 
 /// The most decisions in one call, which bounds how long one script keeps
 /// Redis busy (tens of microseconds).
@@ -60,12 +59,12 @@ pub(crate) struct Batcher {
 struct Shared {
     conn: Connection,
     state: Mutex<State>,
-    /// Redis Cluster: a call holds one caller's decisions (one hash tag).
-    /// Callers that share a slot may sit on two nodes while the slot
-    /// migrates, and a call with keys on both is refused (`TRYAGAIN`) until
-    /// the whole slot has moved; one caller's call is refused only while
-    /// its own keys are split.
-    one_tag_per_call: bool,
+    /// Redis Cluster: a call holds decisions on one set of keys. Keys that
+    /// share a slot may sit on two nodes while the slot migrates, and a
+    /// call with keys on both is refused (`TRYAGAIN`) until the whole slot
+    /// has moved; a call on one decision's keys is refused only while those
+    /// keys are split, as the decision alone would be.
+    one_key_set_per_call: bool,
     /// Calls on their way before decisions queue.
     max_in_flight: usize,
 }
@@ -101,14 +100,14 @@ impl std::fmt::Debug for Job {
 }
 
 impl Batcher {
-    /// A batcher for one server, or on Redis Cluster for one hash slot.
+    /// A batcher for one server, or on Redis Cluster for one set of keys.
     pub(crate) fn new(conn: Connection) -> Self {
         let cluster = matches!(conn, Connection::Cluster(..));
         Self {
             shared: Arc::new(Shared {
-                one_tag_per_call: cluster,
+                one_key_set_per_call: cluster,
                 max_in_flight: match cluster {
-                    true => MAX_IN_FLIGHT_PER_SLOT,
+                    true => MAX_IN_FLIGHT_PER_KEYS,
                     false => MAX_IN_FLIGHT,
                 },
                 conn,
@@ -378,30 +377,70 @@ impl Drop for Slot {
         let Some(batch) = self.0.next_batch() else {
             return;
         };
+        let sending = Sending {
+            shared: self.0.clone(),
+            freed: false,
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to send from: the batch fails (a give-back that no
-            // one waits for is logged) and the slot is freed.
-            for job in batch {
-                // An error holds nothing: there is nothing to give back.
-                drop(deliver(
-                    job,
-                    Err(unsent("no Tokio runtime to send the batch from")),
-                ));
-            }
-            self.0.lock().in_flight -= 1;
+            // one waits for is logged), and `sending` frees the slot.
+            fail(batch, "no Tokio runtime to send the batch from");
             return;
         };
-        let shared = self.0.clone();
         runtime.spawn(async move {
             let mut batch = batch;
             loop {
-                send(&shared, batch).await;
-                match shared.next_batch() {
+                send(&sending.shared, batch).await;
+                match sending.shared.next_batch() {
                     Some(next) => batch = next,
-                    None => return,
+                    None => return sending.freed(),
                 }
             }
         });
+    }
+}
+
+/// The slot a batch's task holds. Should the task end with it still held
+/// (its runtime shut down while the call was on its way, or there was no
+/// runtime to send from), the slot is freed, and what queued fails if no
+/// other call is left to take it: counted in flight for good, the slot
+/// would hold back its server's calls, and on a cluster, with one call at a
+/// time, every later decision on its keys.
+struct Sending {
+    shared: Arc<Shared>,
+    freed: bool,
+}
+
+impl Sending {
+    /// The task ended as it should: `next_batch` found nothing and freed
+    /// the slot.
+    fn freed(mut self) {
+        self.freed = true;
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if self.freed {
+            return;
+        }
+        let orphans = {
+            let mut state = self.shared.lock();
+            state.in_flight -= 1;
+            match state.in_flight {
+                0 => std::mem::take(&mut state.queue),
+                _ => Vec::new(),
+            }
+        };
+        fail(orphans, "the batch's task ended before sending it");
+    }
+}
+
+/// Tells each of `jobs` that it was never sent, and why.
+fn fail(jobs: Vec<Job>, why: &'static str) {
+    for job in jobs {
+        // An error holds nothing: there is nothing to give back.
+        drop(deliver(job, Err(unsent(why))));
     }
 }
 
@@ -420,12 +459,11 @@ async fn send(shared: &Shared, mut jobs: Vec<Job>) {
     }
     while !jobs.is_empty() {
         let script = jobs[0].script;
-        let tag = (shared.one_tag_per_call).then(|| hash_tag(&jobs[0].keys[0]).to_owned());
+        let keys = (shared.one_key_set_per_call).then(|| jobs[0].keys.clone());
         let together = |j: &Job| {
-            batch_together(j.script, script)
-                && tag.as_deref().is_none_or(|tag| hash_tag(&j.keys[0]) == tag)
+            batch_together(j.script, script) && keys.as_ref().is_none_or(|keys| j.keys == *keys)
         };
-        // Most batches hold one script (and caller): sent as they are.
+        // Most batches hold one script (and set of keys): sent as they are.
         if jobs.iter().all(together) {
             let unheard = send_one_script(&shared.conn, script, jobs).await;
             return shared.give_back_later(unheard);

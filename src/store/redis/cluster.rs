@@ -225,8 +225,10 @@ async fn send(conn: &mut ClusterConnection, cmd: Cmd, target: &Target) -> RedisR
 ///
 /// Not a timeout: the script may have run, and the deadline that matters
 /// (the layer's) is gone by then anyway. A connection that broke after the
-/// script was sent may still make a retry charge twice; that errs on the
-/// side of the limit (a caller waits a little longer), never past it.
+/// script was sent may still make a retry charge twice (every decision of a
+/// batch call, and a concurrency check's slot stays taken until its
+/// timeout); that errs on the side of the limit (a caller waits a little
+/// longer), never past it.
 fn is_transient(err: &RedisError) -> bool {
     matches!(
         err.kind(),

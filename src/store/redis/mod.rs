@@ -71,7 +71,7 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     pre_check: bool,
     /// Sends concurrent charging calls together: one per server (a shard's
-    /// primary) or per cluster hash slot; none when batching is off.
+    /// primary) or, on a cluster, per set of keys; none when batching is off.
     batchers: Batchers,
 }
 
@@ -162,9 +162,12 @@ impl RedisStoreBuilder {
 
     /// Sends the decisions of concurrent requests together, in one script
     /// call per server (on by default). On Redis Cluster a call may only
-    /// touch one hash slot's keys, so decisions batch per slot (one call
-    /// in flight each, one caller per call): a flood from one caller
-    /// batches, a crowd spread over the slots mostly not.
+    /// touch one hash slot's keys, so decisions batch per set of keys (one
+    /// caller's, in practice), one call in flight for each: a flood from
+    /// one caller batches (twice the decisions/s on 3 primaries), a crowd
+    /// does not, and pays a little for the bookkeeping (0.88 of the
+    /// decisions/s without batching for 10,000 callers, median of eight
+    /// runs; see the README's topology figures).
     ///
     /// A decision that finds fewer than four calls on their way goes out at
     /// once, alone, as without batching. Past that, decisions queue, and a

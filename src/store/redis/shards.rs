@@ -260,7 +260,7 @@ impl Shards {
 
 /// The part of `key` Redis Cluster hashes: the text between the first `{`
 /// and the next `}` when that is not empty, else the whole key.
-pub(crate) fn hash_tag(key: &str) -> &str {
+fn hash_tag(key: &str) -> &str {
     key.find('{')
         .and_then(|open| {
             let rest = &key[open + 1..];
