@@ -165,12 +165,13 @@ impl RedisStoreBuilder {
     /// touch one hash slot's keys, so decisions batch per set of keys (one
     /// caller's, in practice), one call in flight for each: a flood from
     /// one caller batches (twice the decisions/s on 3 primaries), a crowd
-    /// does not, and pays a little for the bookkeeping (0.88 of the
-    /// decisions/s without batching for 10,000 callers, median of eight
-    /// runs; see the README's topology figures).
+    /// does not, and pays a little for the bookkeeping (0.89 to 0.94 of the
+    /// decisions/s without batching for 10,000 callers, in three runs; see
+    /// the README's topology figures).
     ///
-    /// A decision that finds fewer than four calls on their way goes out at
-    /// once, alone, as without batching. Past that, decisions queue, and a
+    /// A decision that finds fewer than four calls on their way (on a
+    /// cluster, none for its keys) goes out at once, alone, as without
+    /// batching. Past that, decisions queue, and a
     /// call that comes back hands its slot to whatever queued: one call of
     /// `lua/batch.lua`, which runs each decision exactly as its own script
     /// would, one after the other. Redis then parses, dispatches, replies
