@@ -42,6 +42,9 @@
 //!   with `ZOO_BENCH=1`; the second only with Redis): that handler behind
 //!   five prebuilt `X-RateLimit-*` headers, or after one Redis `PING`: the
 //!   floors a limiter's cost and latency are read against.
+//! - `GET /strategies/fixed_window_no_headers` (only with `ZOO_BENCH=1`):
+//!   the fixed window sending no rate-limit headers, as in-memory peers
+//!   answer a pass.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -66,8 +69,8 @@ mod holding;
 mod instant;
 
 use tollgate::{
-    ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
-    RedisStore, Store,
+    ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitHeaders,
+    RateLimitLayer, RedisStore, Store,
 };
 
 const ETAG: &str = "\"tiger-feeding-v1\"";
@@ -249,6 +252,26 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         zoo.limits.push(limit);
         names.push_str(&name);
         names.push('\n');
+    }
+    if settings.bench {
+        // The fixed window without headers, as the in-memory peers answer a
+        // pass: what the decision costs apart from GitHub's headers.
+        let policy = lineup::lineup(settings.quota)
+            .into_iter()
+            .find(|p| p.name() == "fixed_window")
+            .ok_or("the lineup has no fixed window")?;
+        let limit = RateLimitLayer::builder()
+            .policy(policy)
+            .shared_store(store.clone())
+            .key(key.clone())
+            .headers(RateLimitHeaders::NONE)
+            .build()
+            .map_err(|e| format!("fixed_window_no_headers: {e}"))?;
+        router = router.route(
+            "/strategies/fixed_window_no_headers",
+            get(tigerfeeding).layer(limit),
+        );
+        names.push_str("fixed_window_no_headers\n");
     }
     router = router.route("/strategies", get(move || async move { names }));
     if settings.bench {
