@@ -100,18 +100,24 @@ impl std::fmt::Debug for Job {
 }
 
 impl Batcher {
-    /// A batcher for one server, or on Redis Cluster for one set of keys.
+    /// A batcher for one server: its calls mix any callers' decisions.
     pub(crate) fn new(conn: Connection) -> Self {
-        let cluster = matches!(conn, Connection::Cluster(..));
+        Self::with(conn, MAX_IN_FLIGHT, false)
+    }
+
+    /// A batcher for one set of keys on Redis Cluster (see
+    /// [`Shared::one_key_set_per_call`]).
+    pub(crate) fn for_key_sets(conn: Connection) -> Self {
+        Self::with(conn, MAX_IN_FLIGHT_PER_KEYS, true)
+    }
+
+    fn with(conn: Connection, max_in_flight: usize, one_key_set_per_call: bool) -> Self {
         Self {
             shared: Arc::new(Shared {
-                one_key_set_per_call: cluster,
-                max_in_flight: match cluster {
-                    true => MAX_IN_FLIGHT_PER_KEYS,
-                    false => MAX_IN_FLIGHT,
-                },
                 conn,
                 state: Mutex::new(State::default()),
+                one_key_set_per_call,
+                max_in_flight,
             }),
         }
     }

@@ -65,7 +65,7 @@ impl Batchers {
             (Batchers::PerServer(all), _) => all.first(),
             (Batchers::PerKeys(conn, hasher, cells), _) => {
                 let cell = hasher.hash_one(keys) as usize % CELLS;
-                Some(cells[cell].get_or_init(|| Batcher::new(conn.clone())))
+                Some(cells[cell].get_or_init(|| Batcher::for_key_sets(conn.clone())))
             }
         }
     }
