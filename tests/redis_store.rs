@@ -1844,12 +1844,20 @@ async fn concurrency_checks_given_up_at_random_leave_no_slot_taken() {
             }
         })
     };
+    // Patience is measured against this machine's own check under the slow
+    // Redis, so a loaded CI runner still sees some give up and some pass;
+    // every eighth request waits for its answer whatever it takes.
+    let typical = typical_check_time(&store, &policy).await;
     let requests: Vec<_> = (0..600u64)
         .map(|i| {
             let (store, policy, key) = (store.clone(), policy.clone(), key.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_micros(i * 20)).await;
-                let patience = Duration::from_micros(300 + (i * 7919) % 8_000);
+                let patience = if i % 8 == 0 {
+                    Duration::from_secs(10)
+                } else {
+                    typical * (3 + ((i * 7919) % 300) as u32) / 10
+                };
                 match tokio::time::timeout(patience, store.check(&policy, &key, 1)).await {
                     Ok(Ok(d)) => {
                         assert!(d.allowed);
@@ -1868,8 +1876,23 @@ async fn concurrency_checks_given_up_at_random_leave_no_slot_taken() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     slowing.join().unwrap();
-    assert!((20..=580).contains(&gave_up), "{gave_up} of 600 gave up");
+    println!("{gave_up} of 600 gave up; a lone check takes {typical:?}");
+    assert!(gave_up >= 20, "only {gave_up} of 600 gave up ({typical:?})");
     until_slots_held(&store, &policy, &key, 0).await;
+}
+
+/// The median time a lone check takes on `store`, on a key of its own.
+async fn typical_check_time(store: &RedisStore, policy: &Policy) -> Duration {
+    let key = Key::new("timed");
+    let mut times = Vec::new();
+    for _ in 0..21 {
+        let started = Instant::now();
+        let taken = store.check(policy, &key, 1).await.unwrap();
+        times.push(started.elapsed());
+        store.refund(policy, &key, &taken.receipt).await.unwrap();
+    }
+    times.sort();
+    times[times.len() / 2]
 }
 
 #[tokio::test]
