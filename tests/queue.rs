@@ -240,7 +240,9 @@ async fn a_crashed_workers_entries_are_reclaimed_by_another() {
     for zone in ["lions", "tigers"] {
         queue.push(&Job::new().field("zone", zone)).await.unwrap();
     }
-    let min_idle = Duration::from_millis(100);
+    // Far longer than connecting the rescuer and its first read take, even
+    // on a loaded machine: until then the entries must not be reclaimed.
+    let min_idle = Duration::from_secs(1);
     let mut crashed = StreamProcessor::builder(&spec, "keepers", "crashed")
         .unwrap()
         .min_idle(min_idle)

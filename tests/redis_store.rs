@@ -73,16 +73,23 @@ fn strategies() -> Vec<(Policy, i64)> {
 
 /// Blocks `server` for `secs` seconds (`DEBUG SLEEP` from another thread),
 /// once the command has started.
+///
+/// The thread connects first and says so; the 50 ms that follow then only
+/// have to cover sending one command, not a connection's set-up as well,
+/// which on a loaded machine can take most of them.
 async fn put_to_sleep(server: &RedisServer, secs: &'static str) -> std::thread::JoinHandle<()> {
     let url = server.url();
+    let (connected, ready) = tokio::sync::oneshot::channel();
     let sleeper = std::thread::spawn(move || {
         let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        connected.send(()).unwrap();
         let _: () = redis::cmd("DEBUG")
             .arg("SLEEP")
             .arg(secs)
             .query(&mut conn)
             .unwrap();
     });
+    ready.await.expect("the sleeper thread connects to Redis");
     tokio::time::sleep(Duration::from_millis(50)).await;
     sleeper
 }
@@ -296,15 +303,23 @@ async fn batching_store(url: &str, batching: bool) -> RedisStore {
 
 /// A store on its own multiplexed connection, under `prefix`, on `clock`
 /// if given, batching or not.
+///
+/// The connection waits 10 s for an answer, not redis-rs's default 500 ms:
+/// a batch of thousands of slots, or an answer behind a `DEBUG SLEEP`, can
+/// take longer than that on a loaded machine, and nothing here tests the
+/// client's own timeout.
 async fn store_with(
     url: &str,
     prefix: &str,
     clock: Option<&tollgate::ManualClock>,
     batching: bool,
 ) -> RedisStore {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
     let conn = redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap();
     let builder = RedisStore::from_connection(conn).prefix(prefix);
@@ -1679,10 +1694,12 @@ async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
     until_slots_held(&store, &policy, &slots, 0).await;
 }
 
-/// Waits (two seconds at most) until `key` holds `n` slots of `policy`:
+/// Waits (ten seconds at most) until `key` holds `n` slots of `policy`:
 /// releases queued behind a sleeping Redis go out in a task of their own.
+/// A slot never given back stays held for the policy's timeout (a minute
+/// in these tests), far past the wait, which only absorbs a slow machine.
 async fn until_slots_held(store: &RedisStore, policy: &Policy, key: &Key, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let used = store.peek(policy, key).await.unwrap().used;
         if used == n {
@@ -1810,6 +1827,9 @@ async fn a_concurrency_pass_that_comes_back_unread_is_given_back() {
     for d in sent {
         assert!(d.await.unwrap().unwrap().allowed);
     }
+    // Both pass, unread, once their batch has gone out (however long that
+    // takes), and stay held while their requests live.
+    until_slots_held(&store, &policy, &key, 2).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         store.peek(&policy, &key).await.unwrap().used,

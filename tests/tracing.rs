@@ -223,15 +223,19 @@ async fn a_queued_release_that_fails_is_warned_about() {
 
     // Redis asleep under four calls in flight: the release queues, and no
     // one waits for it.
+    // The thread connects first, so the 50 ms only cover sending the sleep.
     let url = server.url();
+    let (connected, ready) = tokio::sync::oneshot::channel();
     let sleeper = std::thread::spawn(move || {
         let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        connected.send(()).unwrap();
         let _: () = redis::cmd("DEBUG")
             .arg("SLEEP")
             .arg("0.2")
             .query(&mut conn)
             .unwrap();
     });
+    ready.await.expect("the sleeper thread connects to Redis");
     tokio::time::sleep(Duration::from_millis(50)).await;
     let busy: Vec<_> = (0..4)
         .map(|_| {
