@@ -11,6 +11,8 @@
 //! believed). Callers are told apart by `X-Api-Key`, else by client IP.
 //! `ZOO_BENCH=1` adds `/unlimited`, `/strategies/headers_only` and (with
 //! Redis) `/strategies/redis_ping` for `scripts/load.sh`.
+//! `ZOO_CALLS_IN_FLIGHT` sets the Redis store's batching calls in flight
+//! (`RedisStoreBuilder::calls_in_flight`; default 4).
 //!
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
@@ -52,6 +54,7 @@
 mod lineup;
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,6 +87,7 @@ struct Settings {
     instant: instant::InstantSettings,
     bench: bool,
     holding: holding::HoldingSettings,
+    calls_in_flight: Option<NonZeroUsize>,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -114,6 +118,7 @@ impl Settings {
             instant: instant::InstantSettings::from_env()?,
             bench: env_or("ZOO_BENCH", 0u8)? == 1,
             holding: holding::HoldingSettings::from_env()?,
+            calls_in_flight: env_or("ZOO_CALLS_IN_FLIGHT", 0usize).map(NonZeroUsize::new)?,
         })
     }
 
@@ -203,7 +208,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     let prometheus = install_metrics()?;
     let store: Arc<dyn Store> = match &settings.redis_url {
         Some(url) => Arc::new(
-            RedisStore::connect(url)
+            redis_store(url, settings.calls_in_flight)
                 .await
                 .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?,
         ),
@@ -292,6 +297,34 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
         .with_state(zoo))
+}
+
+/// `RedisStore::connect`'s store or, given `calls` (`ZOO_CALLS_IN_FLIGHT`),
+/// one made the same way through the builder with that many batching calls
+/// in flight.
+async fn redis_store(
+    url: &str,
+    calls: Option<NonZeroUsize>,
+) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    use redis::aio::ConnectionManagerConfig;
+    use redis::io::tcp::TcpSettings;
+    use redis::IntoConnectionInfo;
+
+    let Some(calls) = calls else {
+        return Ok(RedisStore::connect(url).await?);
+    };
+    let info = url
+        .into_connection_info()?
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(None);
+    let manager = redis::Client::open(info)?
+        .get_connection_manager_with_config(config)
+        .await?;
+    Ok(RedisStore::from_manager(manager)
+        .calls_in_flight(calls)
+        .build()?)
 }
 
 /// The floor under any limiter that sends GitHub's headers (`ZOO_BENCH=1`):

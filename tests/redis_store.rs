@@ -1647,6 +1647,54 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
     );
 }
 
+#[tokio::test]
+async fn calls_in_flight_sets_how_many_decisions_go_out_before_the_rest_queue() {
+    // Six decisions while Redis sleeps: as many as the store allows in
+    // flight go out alone, the rest queue and go out as one batch.
+    let server = RedisServer::start();
+    let policy = Policy::fixed_window("core", per_minute(100));
+    for (calls, expected) in [(Some(1), 2), (Some(3), 4), (None, 5)] {
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap();
+        let mut builder = RedisStore::from_connection(conn).prefix(format!("calls{calls:?}"));
+        if let Some(calls) = calls {
+            builder = builder.calls_in_flight(std::num::NonZeroUsize::new(calls).unwrap());
+        }
+        let store = std::sync::Arc::new(builder.build().unwrap());
+        // The first round loads the lone and the batch scripts.
+        for key in ["warm-up", "k"] {
+            reset_stats(&server);
+            let sleeper = put_to_sleep(&server, "0.1").await;
+            let sent: Vec<_> = (0..6)
+                .map(|_| {
+                    let (store, policy) = (store.clone(), policy.clone());
+                    tokio::spawn(async move { store.check(&policy, &Key::new(key), 1).await })
+                })
+                .collect();
+            tokio::task::yield_now().await;
+            sleeper.join().unwrap();
+            let mut used = Vec::new();
+            for d in sent {
+                let d = d.await.unwrap().unwrap();
+                assert!(d.allowed);
+                used.push(d.used);
+            }
+            used.sort_unstable();
+            assert_eq!(used, (1..=6).collect::<Vec<u64>>(), "{calls:?} in flight");
+        }
+        assert_eq!(
+            support::redis::evalsha_calls(&server),
+            expected,
+            "{calls:?} in flight: that many alone, then one batch"
+        );
+    }
+}
+
 /// A batching store on `server` with `n` slots of `policy` taken on key
 /// "k": the store, the policy and the slots' receipts.
 async fn holding(

@@ -28,9 +28,11 @@ use super::Args;
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
 
-/// Calls on their way to one server before decisions queue: enough that a
-/// lone decision rarely waits, few enough that a crowd forms batches.
-const MAX_IN_FLIGHT: usize = 4;
+/// Calls on their way to one server before decisions queue, by default:
+/// enough that a lone decision rarely waits, few enough that a crowd forms
+/// batches. [`RedisStoreBuilder::calls_in_flight`](super::RedisStoreBuilder::calls_in_flight)
+/// sets another.
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
 
 /// Calls on their way for one set of keys on Redis Cluster (one caller, in
 /// practice) before its decisions queue. Redis runs one caller's decisions
@@ -100,9 +102,11 @@ impl std::fmt::Debug for Job {
 }
 
 impl Batcher {
-    /// A batcher for one server: its calls mix any callers' decisions.
-    pub(crate) fn new(conn: Connection) -> Self {
-        Self::with(conn, MAX_IN_FLIGHT, false)
+    /// A batcher for one server, with at most `max_in_flight` calls on
+    /// their way before decisions queue: its calls mix any callers'
+    /// decisions.
+    pub(crate) fn new(conn: Connection, max_in_flight: usize) -> Self {
+        Self::with(conn, max_in_flight.max(1), false)
     }
 
     /// A batcher for one set of keys on Redis Cluster (see
@@ -791,7 +795,8 @@ mod tests {
         let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
             .create_pool(Some(deadpool_redis::Runtime::Tokio1))
             .unwrap();
-        Batcher::new(Connection::Pool(Arc::new(PooledConnection::new(pool))))
+        let conn = Connection::Pool(Arc::new(PooledConnection::new(pool)));
+        Batcher::new(conn, MAX_IN_FLIGHT)
     }
 
     #[test]

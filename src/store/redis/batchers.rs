@@ -35,8 +35,9 @@ pub(crate) enum Batchers {
 }
 
 impl Batchers {
-    /// The batchers for `conn`, or none if `on` is false.
-    pub(crate) fn new(conn: &Connection, on: bool) -> Self {
+    /// The batchers for `conn`, or none if `on` is false; a server's allow
+    /// `calls_in_flight` calls on their way before decisions queue.
+    pub(crate) fn new(conn: &Connection, on: bool, calls_in_flight: usize) -> Self {
         match conn {
             _ if !on => Batchers::Off,
             Connection::Cluster(..) => Batchers::PerKeys(
@@ -47,10 +48,10 @@ impl Batchers {
             Connection::Sharded(shards) => Batchers::PerServer(
                 shards
                     .primaries()
-                    .map(|primary| Batcher::new(Connection::Manager(primary)))
+                    .map(|primary| Batcher::new(Connection::Manager(primary), calls_in_flight))
                     .collect(),
             ),
-            _ => Batchers::PerServer(vec![Batcher::new(conn.clone())]),
+            _ => Batchers::PerServer(vec![Batcher::new(conn.clone(), calls_in_flight)]),
         }
     }
 

@@ -13,6 +13,7 @@ pub use self::cluster::ClusterConfig;
 pub use self::sentinel::SentinelConfig;
 pub use self::shards::{Shard, ShardedConfig};
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +97,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     pre_check: bool,
     batching: bool,
+    calls_in_flight: usize,
 }
 
 impl RedisStoreBuilder {
@@ -106,6 +108,7 @@ impl RedisStoreBuilder {
             clock: None,
             pre_check: false,
             batching: true,
+            calls_in_flight: batch::MAX_IN_FLIGHT,
         }
     }
 
@@ -169,8 +172,9 @@ impl RedisStoreBuilder {
     /// decisions/s without batching for 10,000 callers, in three runs; see
     /// the README's topology figures).
     ///
-    /// A decision that finds fewer than four calls on their way (on a
-    /// cluster, none for its keys) goes out at once, alone, as without
+    /// A decision that finds fewer than four calls on their way (see
+    /// [`calls_in_flight`](Self::calls_in_flight); on a cluster, none for
+    /// its keys) goes out at once, alone, as without
     /// batching. Past that, decisions queue, and a
     /// call that comes back hands its slot to whatever queued: one call of
     /// `lua/batch.lua`, which runs each decision exactly as its own script
@@ -191,6 +195,36 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How many batching calls may be on their way to one server (a shard's
+    /// primary) before concurrent decisions queue for the next batch; 4 by
+    /// default. Redis Cluster keeps one per set of keys whatever is set here.
+    ///
+    /// Fewer calls make bigger batches, so Redis and the app spend less CPU
+    /// per decision, at the price of waits: a decision that finds every
+    /// call taken waits for one to come back. In the zoo's load test
+    /// (fixed window, Redis on the server's core, 64 connections) 1 served
+    /// a median 55,475 decisions/s, 2 served 50,556 and 4 served 47,791;
+    /// at 4 connections pausing 1 ms, p99 was 817, 649 and 553 µs (medians
+    /// of three runs each; BENCHMARKS.md, tenth round). Choose 1 or 2 where
+    /// Redis's CPU, or a core the app shares with it, is what runs out.
+    /// Over a network a wait can cost a round trip, so keep the default
+    /// there unless Redis's CPU is the limit.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::num::NonZeroUsize;
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let store = tollgate::RedisStore::from_connection(conn)
+    ///     .calls_in_flight(NonZeroUsize::MIN)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn calls_in_flight(mut self, calls: NonZeroUsize) -> Self {
+        self.calls_in_flight = calls.get();
+        self
+    }
+
     /// The store, or why the options cannot work.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if self.pre_check && !self.conn.reads_from_replicas() {
@@ -202,7 +236,7 @@ impl RedisStoreBuilder {
             Some(prefix) => KeySpace::new(prefix)?,
             None => KeySpace::default(),
         };
-        let batchers = Batchers::new(&self.conn, self.batching);
+        let batchers = Batchers::new(&self.conn, self.batching, self.calls_in_flight);
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 batchers,
