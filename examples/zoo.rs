@@ -299,32 +299,17 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         .with_state(zoo))
 }
 
-/// `RedisStore::connect`'s store or, given `calls` (`ZOO_CALLS_IN_FLIGHT`),
-/// one made the same way through the builder with that many batching calls
-/// in flight.
+/// `RedisStore::connect`'s store, with `calls` (`ZOO_CALLS_IN_FLIGHT`)
+/// batching calls in flight if given.
 async fn redis_store(
     url: &str,
     calls: Option<NonZeroUsize>,
 ) -> Result<RedisStore, Box<dyn std::error::Error>> {
-    use redis::aio::ConnectionManagerConfig;
-    use redis::io::tcp::TcpSettings;
-    use redis::IntoConnectionInfo;
-
-    let Some(calls) = calls else {
-        return Ok(RedisStore::connect(url).await?);
-    };
-    let info = url
-        .into_connection_info()?
-        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(1)))
-        .set_response_timeout(None);
-    let manager = redis::Client::open(info)?
-        .get_connection_manager_with_config(config)
-        .await?;
-    Ok(RedisStore::from_manager(manager)
-        .calls_in_flight(calls)
-        .build()?)
+    let mut builder = RedisStore::connect_builder(url).await?;
+    if let Some(calls) = calls {
+        builder = builder.calls_in_flight(calls);
+    }
+    Ok(builder.build()?)
 }
 
 /// The floor under any limiter that sends GitHub's headers (`ZOO_BENCH=1`):

@@ -258,6 +258,24 @@ impl RedisStore {
     /// per call would cost each lone decision a wake-up of the runtime (a
     /// timeout does not make redis-rs reconnect either way).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Ok(Self::connect_builder(url)
+            .await?
+            .build()
+            .expect("the default options are valid"))
+    }
+
+    /// Connects as [`connect`](Self::connect) does, and hands back the
+    /// builder, for a store on that connection with options of its own.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = tollgate::RedisStore::connect_builder("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .prefix("zoo")
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_builder(url: &str) -> Result<RedisStoreBuilder, StoreError> {
         let client = connection::client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
@@ -265,9 +283,7 @@ impl RedisStore {
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let manager = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self::from_manager(manager)
-            .build()
-            .expect("the default options are valid"))
+        Ok(Self::from_manager(manager))
     }
 
     /// Over a [`ConnectionManager`].
