@@ -16,6 +16,7 @@
 //! way: sent alone, the check goes from a task of its own, and in a batch
 //! the batch's task sees to it; either gives back a pass that no one hears.
 
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redis::{ToRedisArgs, Value};
@@ -32,7 +33,7 @@ use crate::store::keys::KeyList;
 /// enough that a lone decision rarely waits, few enough that a crowd forms
 /// batches. [`RedisStoreBuilder::calls_in_flight`](super::RedisStoreBuilder::calls_in_flight)
 /// sets another.
-pub(crate) const MAX_IN_FLIGHT: usize = 4;
+pub(crate) const MAX_IN_FLIGHT: NonZeroUsize = NonZeroUsize::new(4).unwrap();
 
 /// Calls on their way for one set of keys on Redis Cluster (one caller, in
 /// practice) before its decisions queue. Redis runs one caller's decisions
@@ -105,8 +106,8 @@ impl Batcher {
     /// A batcher for one server, with at most `max_in_flight` calls on
     /// their way before decisions queue: its calls mix any callers'
     /// decisions.
-    pub(crate) fn new(conn: Connection, max_in_flight: usize) -> Self {
-        Self::with(conn, max_in_flight.max(1), false)
+    pub(crate) fn new(conn: Connection, max_in_flight: NonZeroUsize) -> Self {
+        Self::with(conn, max_in_flight.get(), false)
     }
 
     /// A batcher for one set of keys on Redis Cluster (see
@@ -805,7 +806,7 @@ mod tests {
         let script = &SCRIPTS.concurrency_release;
         let call = || batcher.eval(script, KeyList::new(), Args::new());
         // Every slot taken by a call made (not yet sent), then one queued.
-        let mut alone: Vec<_> = (0..MAX_IN_FLIGHT).map(|_| Box::pin(call())).collect();
+        let mut alone: Vec<_> = (0..MAX_IN_FLIGHT.get()).map(|_| Box::pin(call())).collect();
         assert!(batcher.is_busy());
         let mut queued = pin!(call());
         assert!(batcher.queue_give_back(script, KeyList::new(), Args::new()));
@@ -819,6 +820,6 @@ mod tests {
         }
         assert!(batcher.shared.lock().queue.is_empty());
         assert!(!batcher.is_busy(), "the slot is free again");
-        assert_eq!(batcher.shared.lock().in_flight, MAX_IN_FLIGHT - 1);
+        assert_eq!(batcher.shared.lock().in_flight, MAX_IN_FLIGHT.get() - 1);
     }
 }

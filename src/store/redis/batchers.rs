@@ -3,6 +3,7 @@
 //! only touch keys of one hash slot.
 
 use std::hash::BuildHasher;
+use std::num::NonZeroUsize;
 use std::sync::OnceLock;
 
 use foldhash::fast::RandomState;
@@ -37,7 +38,7 @@ pub(crate) enum Batchers {
 impl Batchers {
     /// The batchers for `conn`, or none if `on` is false; a server's allow
     /// `calls_in_flight` calls on their way before decisions queue.
-    pub(crate) fn new(conn: &Connection, on: bool, calls_in_flight: usize) -> Self {
+    pub(crate) fn new(conn: &Connection, on: bool, calls_in_flight: NonZeroUsize) -> Self {
         match conn {
             _ if !on => Batchers::Off,
             Connection::Cluster(..) => Batchers::PerKeys(

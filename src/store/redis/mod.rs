@@ -97,7 +97,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     pre_check: bool,
     batching: bool,
-    calls_in_flight: usize,
+    calls_in_flight: NonZeroUsize,
 }
 
 impl RedisStoreBuilder {
@@ -222,7 +222,7 @@ impl RedisStoreBuilder {
     /// # Ok(()) }
     /// ```
     pub fn calls_in_flight(mut self, calls: NonZeroUsize) -> Self {
-        self.calls_in_flight = calls.get();
+        self.calls_in_flight = calls;
         self
     }
 
