@@ -9,8 +9,9 @@
 //! (default 5) requests per `ZOO_WINDOW_SECS` (default 10) per caller, and
 //! `ZOO_TRUSTED_PROXIES` (comma-separated CIDRs whose `X-Forwarded-For` is
 //! believed). Callers are told apart by `X-Api-Key`, else by client IP.
-//! `ZOO_BENCH=1` adds `/unlimited`, `/strategies/headers_only` and (with
-//! Redis) `/strategies/redis_ping` for `scripts/load.sh`.
+//! `ZOO_BENCH=1` adds `/unlimited`, `/strategies/identity_layer`,
+//! `/strategies/headers_only` and (with Redis) `/strategies/redis_ping` for
+//! `scripts/load.sh`.
 //! `ZOO_CALLS_IN_FLIGHT` sets the Redis store's batching calls in flight
 //! (`RedisStoreBuilder::calls_in_flight`; default 4).
 //!
@@ -40,6 +41,10 @@
 //! - `GET /unlimited` and `GET /strategies/unlimited` (only with
 //!   `ZOO_BENCH=1`): the same handler with no limiter, the baseline the load
 //!   test compares with (the second at the limited routes' depth).
+//! - `GET /strategies/identity_layer` (only with `ZOO_BENCH=1`): that
+//!   handler behind a layer that changes nothing: what any axum layer costs
+//!   before it does anything (the router boxes and clones the layered
+//!   service for every request).
 //! - `GET /strategies/headers_only` and `GET /strategies/redis_ping` (only
 //!   with `ZOO_BENCH=1`; the second only with Redis): that handler behind
 //!   five prebuilt `X-RateLimit-*` headers, or after one Redis `PING`: the
@@ -286,6 +291,10 @@ async fn build(settings: &Settings) -> Result<Router, String> {
             .route("/unlimited", get(tigerfeeding))
             .route("/strategies/unlimited", get(tigerfeeding))
             .route(
+                "/strategies/identity_layer",
+                get(tigerfeeding).layer(tower::util::MapResponseLayer::new(identity)),
+            )
+            .route(
                 "/strategies/headers_only",
                 get(tigerfeeding).layer(tower::util::MapResponseLayer::new(headers_only)),
             );
@@ -315,6 +324,11 @@ async fn redis_store(
 /// The floor under any limiter that sends GitHub's headers (`ZOO_BENCH=1`):
 /// the same five `X-RateLimit-*` headers, prebuilt, on every response, and
 /// nothing decided. What a limited route costs beyond this is the limiter's.
+/// The layer of `/strategies/identity_layer`: hands the response back as is.
+fn identity(response: Response) -> Response {
+    response
+}
+
 fn headers_only(mut response: Response) -> Response {
     use axum::http::{HeaderName, HeaderValue};
     static HEADERS: [(HeaderName, HeaderValue); 5] = [

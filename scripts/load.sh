@@ -13,7 +13,9 @@
 # serves under /strategies/{name} (examples/support/lineup.rs):
 #
 #   - /strategies/unlimited (the same handler with no limiter, at the same
-#     route depth), /strategies/headers_only (the floor: that handler with a
+#     route depth), /strategies/identity_layer (that handler behind a layer
+#     that does nothing: what being an axum layer costs),
+#     /strategies/headers_only (the floor: that handler with a
 #     middleware adding five prebuilt X-RateLimit-* headers, nothing
 #     decided) and every strategy, with
 #     a budget nothing can spend (pass) and with a budget of 1 (reject: all
@@ -182,9 +184,10 @@ measure() {
 }
 
 # floors STORE: the routes every strategy is read against (examples/zoo.rs):
-# no limiter, the headers alone, and with Redis one PING per request.
+# no limiter, a layer that does nothing, the headers alone, and with Redis
+# one PING per request.
 floors() {
-  if [ "$1" = redis ]; then echo "unlimited headers_only redis_ping"; else echo "unlimited headers_only"; fi
+  if [ "$1" = redis ]; then echo "unlimited identity_layer headers_only redis_ping"; else echo "unlimited identity_layer headers_only"; fi
 }
 
 # serve STORE OUTCOME LIMIT: start the zoo, measure every route, stop it.
@@ -313,6 +316,7 @@ for store in $stores; do
         w=$(ratio $store $outcome full "$route" 6)
         t=$(target $store $outcome)
         ok=$(verdict "$r" "$t")
+        [ "$route" = identity_layer ] && t=- ok="floor: a layer that does nothing"
         [ "$route" = headers_only ] && t=- ok="floor: the headers alone"
         [ "$route" = redis_ping ] && t=- ok="floor: one PING per request"
         # A pass run that mostly got 429s (the uniform gate passes at most one
@@ -354,7 +358,7 @@ for conns in $MODERATE_CONNS; do
       ok= a=$allowed
       case $route in
         unlimited) a= ;;
-        headers_only | redis_ping) a= ok=floor ;;
+        identity_layer | headers_only | redis_ping) a= ok=floor ;;
         *) ok=$([ $((p99 - base99)) -le "$allowed" ] && echo yes || echo "**no**") ;;
       esac
       echo "| $store | $route | $(fig $store pass $load "$route" 6) | $(busy $store pass $load "$route") | $(ms "$p50") | $(ms "$p99") | $((p50 - base50)) | $((p99 - base99)) | $a | $ok |"
