@@ -80,7 +80,7 @@ for c = 1, num(ARGV[1]) do
   if ARGV[an + 1] == '-1' then
     if now == nil then
       local time = redis.call('TIME')
-      now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+      now = time[1] * 1000000 + time[2]
     end
     t = now
   end

@@ -11,13 +11,14 @@ end
 
 -- An ARGV string as a number, converted once per call: a flood sends the same
 -- few numbers over and over, and Redis's Lua turns a string into a number
--- with strtod, some 1,500 instructions.
+-- with strtod, some 500 to 1,500 instructions. `arg + 0` converts once;
+-- Lua 5.1's tonumber converts twice.
 local numbers = {}
 
 local function num(arg)
   local n = numbers[arg]
   if n == nil then
-    n = tonumber(arg)
+    n = arg + 0
     numbers[arg] = n
   end
   return n

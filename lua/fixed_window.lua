@@ -31,22 +31,24 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
-local cost = tonumber(ARGV[2])
+local cost = ARGV[2] + 0
 local n = #KEYS
 
 -- One quota, the common case: the same steps as below without their tables,
 -- which cost a lone call about an eighth of its instructions in Redis.
 if n == 1 then
-  local limit = tonumber(ARGV[3])
+  local limit = ARGV[3] + 0
   local stored = redis.call('HMGET', KEYS[1], 'c', 'r')
   local c, r = tonumber(stored[1]), tonumber(stored[2])
   local open = c and r and r > now
-  if not open then c, r = 0, now + tonumber(ARGV[4]) end
+  if not open then c, r = 0, now + (ARGV[4] + 0) end
   if c + cost > limit then
     return {0, limit, math.min(c, limit), r, r - now, now, 0}
   end
@@ -63,13 +65,13 @@ end
 
 local count, reset, limit, open = {}, {}, {}, {}
 for i = 1, n do
-  limit[i] = tonumber(ARGV[1 + 2 * i])
+  limit[i] = ARGV[1 + 2 * i] + 0
   local stored = redis.call('HMGET', KEYS[i], 'c', 'r')
   local c, r = tonumber(stored[1]), tonumber(stored[2])
   if c and r and r > now then
     count[i], reset[i], open[i] = c, r, true
   else
-    count[i], reset[i], open[i] = 0, now + tonumber(ARGV[2 + 2 * i]), false
+    count[i], reset[i], open[i] = 0, now + (ARGV[2 + 2 * i] + 0), false
   end
 end
 

@@ -9,12 +9,14 @@
 --
 -- Reply: number of quotas refunded (integer).
 
-local cost = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local cost = ARGV[1] + 0
 local refunded = 0
 for i = 1, #KEYS do
   local stored = redis.call('HMGET', KEYS[i], 'c', 'r')
   local c, r = tonumber(stored[1]), tonumber(stored[2])
-  if c and r and r == tonumber(ARGV[1 + i]) then
+  if c and r and r == (ARGV[1 + i] + 0) then
     local back = math.min(cost, c)
     if back > 0 then
       redis.call('HINCRBY', KEYS[i], 'c', -back)

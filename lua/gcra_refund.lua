@@ -19,13 +19,15 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
-local back = tonumber(ARGV[2]) * tonumber(ARGV[3])
-local stamp = tonumber(ARGV[4])
+local back = (ARGV[2] + 0) * (ARGV[3] + 0)
+local stamp = ARGV[4] + 0
 local at = tonumber(redis.call('GET', KEYS[1]))
 if at and at > now then
   redis.call('SET', KEYS[1], int(math.max(at - back, stamp - back, now)), 'KEEPTTL')

@@ -32,14 +32,16 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
-local cost = tonumber(ARGV[2])
-local capacity = tonumber(ARGV[3])
-local interval = tonumber(ARGV[4])
+local cost = ARGV[2] + 0
+local capacity = ARGV[3] + 0
+local interval = ARGV[4] + 0
 
 -- ceil(a / b) for non-negative integers below 2^53, exactly: the float
 -- quotient may round up to the next integer, so check with products.

@@ -11,14 +11,16 @@
 --
 -- Reply, integers only: {accepted 1|0, length after the push, now µs}
 
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 
 local len = redis.call('LLEN', KEYS[1])
-if len >= tonumber(ARGV[2]) then
+if len >= (ARGV[2] + 0) then
   return {0, len, now}
 end
 redis.call('LPUSH', KEYS[1], ARGV[4])

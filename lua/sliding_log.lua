@@ -44,12 +44,14 @@ end
 -- Written out for the two logs, without tables: each table, closure and
 -- formatted number is work for Redis's Lua, and a lone call of this script
 -- spends more there than in its Redis commands.
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
-local cost = tonumber(ARGV[2])
+local cost = ARGV[2] + 0
 local id = ARGV[3]
 
 -- The log `key` with `window`: its cutoff (now - window, a string), the
@@ -67,8 +69,8 @@ local function look(key, window)
   return cutoff, n, newest
 end
 
-local limit1, window1 = tonumber(ARGV[4]), tonumber(ARGV[5])
-local limit2, window2 = tonumber(ARGV[6]), tonumber(ARGV[7])
+local limit1, window1 = ARGV[4] + 0, ARGV[5] + 0
+local limit2, window2 = ARGV[6] + 0, ARGV[7] + 0
 local cutoff1, n1, newest1 = look(KEYS[1], window1)
 local cutoff2, n2, newest2 = look(KEYS[2], window2)
 

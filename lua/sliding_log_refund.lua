@@ -9,7 +9,9 @@
 --
 -- Reply: number of members removed (integer).
 
-local cost = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local cost = ARGV[1] + 0
 local removed = 0
 for i = 1, #KEYS do
   local batch = {}

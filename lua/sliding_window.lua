@@ -39,12 +39,14 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
-local cost = tonumber(ARGV[2])
+local cost = ARGV[2] + 0
 local n = #KEYS
 
 local function weighted(prev, window, elapsed)
@@ -64,8 +66,8 @@ local limit, window, start, cur, prev, used, fits, fits_at = {}, {}, {}, {}, {},
 -- Whether quota i's stored window is the current one.
 local same = {}
 for i = 1, n do
-  limit[i] = tonumber(ARGV[1 + 2 * i])
-  window[i] = tonumber(ARGV[2 + 2 * i])
+  limit[i] = ARGV[1 + 2 * i] + 0
+  window[i] = ARGV[2 + 2 * i] + 0
   local w = window[i]
   start[i] = now - math.fmod(now, w)
   local stored = redis.call('HMGET', KEYS[i], 's', 'c', 'p')

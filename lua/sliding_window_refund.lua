@@ -9,13 +9,15 @@
 --
 -- Reply: number of quotas refunded (integer).
 
-local cost = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local cost = ARGV[1] + 0
 local n = #KEYS
 local refunded = 0
 for i = 1, n do
   local stored = redis.call('HMGET', KEYS[i], 's', 'c', 'p')
   local s, c, p = tonumber(stored[1]), tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
-  local stamp, window = tonumber(ARGV[1 + i]), tonumber(ARGV[1 + n + i])
+  local stamp, window = ARGV[1 + i] + 0, ARGV[1 + n + i] + 0
   local field, have = nil, 0
   if s and s == stamp then
     field, have = 'c', c

@@ -23,12 +23,14 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
-local capacity = tonumber(ARGV[2])
+local capacity = ARGV[2] + 0
 
 local len = redis.call('XLEN', KEYS[1])
 if len >= capacity then

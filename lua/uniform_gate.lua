@@ -33,14 +33,16 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local now = tonumber(ARGV[1])
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
 if now < 0 then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
-local cost = tonumber(ARGV[2])
+local cost = ARGV[2] + 0
 
-local at = now + math.min(cost * tonumber(ARGV[3]), tonumber(ARGV[4]))
+local at = now + math.min(cost * (ARGV[3] + 0), (ARGV[4] + 0))
 if cost == 0 or dry_run then
   local opens_at = tonumber(redis.call('GET', KEYS[1]))
   local closed = opens_at and opens_at > now

@@ -8,7 +8,9 @@
 -- Reply: 1 if the gate was opened, else 0.
 
 local at = tonumber(redis.call('GET', KEYS[1]))
-if at and at == tonumber(ARGV[1]) then
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+if at and at == (ARGV[1] + 0) then
   redis.call('DEL', KEYS[1])
   return 1
 end
