@@ -321,14 +321,14 @@ async fn redis_store(
     Ok(builder.build()?)
 }
 
-/// The floor under any limiter that sends GitHub's headers (`ZOO_BENCH=1`):
-/// the same five `X-RateLimit-*` headers, prebuilt, on every response, and
-/// nothing decided. What a limited route costs beyond this is the limiter's.
 /// The layer of `/strategies/identity_layer`: hands the response back as is.
 fn identity(response: Response) -> Response {
     response
 }
 
+/// The floor under any limiter that sends GitHub's headers (`ZOO_BENCH=1`):
+/// the same five `X-RateLimit-*` headers, prebuilt, on every response, and
+/// nothing decided. What a limited route costs beyond this is the limiter's.
 fn headers_only(mut response: Response) -> Response {
     use axum::http::{HeaderName, HeaderValue};
     static HEADERS: [(HeaderName, HeaderValue); 5] = [
