@@ -4,9 +4,10 @@
 -- The value is when the gate opens again, in µs, and that value decides, to
 -- the microsecond. (Published versions test `TTL key > 0`, which Redis
 -- rounds to whole seconds, letting callers in up to a second early, and check
--- then set in two round trips.) One `SET NX PX GET` decides and closes at
--- once; only a value whose time has passed while its key lives on (the second
--- of grace, a replica, an injected clock) is replaced by a second `SET`.
+-- then set in two round trips.) One `GET` decides and, for a pass, one
+-- `SET PX` closes, both inside this atomic script; a value whose time has
+-- passed while its key lives on (the second of grace, a replica, an injected
+-- clock) counts as open.
 -- The key expires one second after the gate opens; expiry only cleans up.
 --
 -- KEYS[1]   string: when the gate opens again, µs since epoch
@@ -54,11 +55,9 @@ if cost == 0 or dry_run then
   return {1, 1, 1, at, -1, now, 0, at}
 end
 
-local px = int(math.ceil((at - now) / 1000) + 1000)
-local old = redis.call('SET', KEYS[1], int(at), 'NX', 'PX', px, 'GET')
-if old then
-  local was = tonumber(old) or 0
-  if was > now then return {0, 1, 1, was, was - now, now, 0} end
-  redis.call('SET', KEYS[1], int(at), 'PX', px)
-end
+-- A `GET` then a `SET`: inside the script nothing runs between the two, so
+-- this is as atomic as `SET NX GET` (Redis 7.0 only).
+local was = tonumber(redis.call('GET', KEYS[1]))
+if was and was > now then return {0, 1, 1, was, was - now, now, 0} end
+redis.call('SET', KEYS[1], int(at), 'PX', int(math.ceil((at - now) / 1000) + 1000))
 return {1, 1, 1, at, -1, now, 0, at}

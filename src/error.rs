@@ -80,6 +80,9 @@ pub enum StoreErrorKind {
     Protocol,
     /// The store refused the request (script error, wrong type, ...).
     Rejected,
+    /// The server is older than the store supports; reported at connect,
+    /// naming the version found and the one needed.
+    Unsupported,
 }
 
 impl StoreErrorKind {
@@ -94,6 +97,7 @@ impl StoreErrorKind {
             StoreErrorKind::Unavailable => "unavailable",
             StoreErrorKind::Protocol => "protocol",
             StoreErrorKind::Rejected => "rejected",
+            StoreErrorKind::Unsupported => "unsupported",
         }
     }
 }

@@ -214,11 +214,12 @@ impl Outcome {
 }
 
 #[cfg(feature = "metrics")]
-const KINDS: [StoreErrorKind; 4] = [
+const KINDS: [StoreErrorKind; 5] = [
     StoreErrorKind::Timeout,
     StoreErrorKind::Unavailable,
     StoreErrorKind::Protocol,
     StoreErrorKind::Rejected,
+    StoreErrorKind::Unsupported,
 ];
 
 #[cfg(feature = "metrics")]
@@ -228,6 +229,7 @@ fn kind_index(kind: StoreErrorKind) -> usize {
         StoreErrorKind::Unavailable => 1,
         StoreErrorKind::Protocol => 2,
         StoreErrorKind::Rejected => 3,
+        StoreErrorKind::Unsupported => 4,
     }
 }
 

@@ -50,8 +50,8 @@ pub enum Strategy {
     /// One call per caller per span (the quota's window; its limit must be 1).
     /// A pass closes the gate until `now + cost × span`, to the microsecond.
     /// `Remaining` is 1 while open, 0 while closed; `Reset` is when it opens
-    /// again. Costs one `EVALSHA` running one `SET NX PX GET` (a second `SET`
-    /// only when a stale value outlived its time) and one short string per key.
+    /// again. Costs one `EVALSHA` running a `GET` (and for a pass a `SET PX`)
+    /// and one short string per key.
     UniformGate,
     /// An exact sliding-window log with two limits at once: quota 0 is shared
     /// by every caller of the resource, quota 1 is each caller's own. Both

@@ -609,6 +609,7 @@ impl ThrottleBuilder {
             let ttl_ms = (self.slot_length * (self.slots as u32 + 1)).as_millis() as u64;
             RedisSync::new(
                 store.connection().clone(),
+                store.scripting().clone(),
                 store.keyspace().throttle_tag(&self.name),
                 ttl_ms,
             )

@@ -19,7 +19,7 @@
 //! [`bloom_merge.lua`]: https://docs.rs/crate/tollgate/latest/source/lua/bloom_merge.lua
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::Value;
 
@@ -28,6 +28,7 @@ use super::ring::Ring;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::redis::connection::Connection;
 use crate::store::redis::script::LuaScript;
+use crate::store::redis::server::Scripting;
 
 static MERGE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
@@ -56,6 +57,8 @@ pub(crate) struct RoundCounts {
 #[derive(Debug)]
 pub(crate) struct RedisSync {
     conn: Connection,
+    /// Whether the read may use `EVALSHA_RO` (Redis 7.0 on).
+    scripting: Arc<Scripting>,
     /// `{prefix}:{~throttle|name}`
     tag: String,
     /// Expiry of every written slot: the window plus one slot.
@@ -69,9 +72,15 @@ pub(crate) struct RedisSync {
 }
 
 impl RedisSync {
-    pub(crate) fn new(conn: Connection, tag: String, ttl_ms: u64) -> Self {
+    pub(crate) fn new(
+        conn: Connection,
+        scripting: Arc<Scripting>,
+        tag: String,
+        ttl_ms: u64,
+    ) -> Self {
         Self {
             conn,
+            scripting,
             tag,
             ttl_ms,
             versions: HashMap::new(),
@@ -123,7 +132,10 @@ impl RedisSync {
             .collect();
         let keys: Vec<String> = nos.iter().map(|&no| self.key(no)).collect();
         counts.calls += 1;
-        let reply = self.conn.eval::<String>(&READ, &keys, &[], true).await?;
+        let reply = self
+            .scripting
+            .eval_read_only::<String>(&self.conn, &READ, &keys, &[])
+            .await?;
         let items = array(reply)?;
         if items.len() != 2 * nos.len() {
             return Err(StoreError::protocol(format!(

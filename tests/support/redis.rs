@@ -109,12 +109,17 @@ impl RedisServer {
     /// With `--cluster-enabled yes` and no `--cluster-port`, a free bus port is
     /// picked too, so nothing depends on `port + 10000` being free.
     pub fn start_with(args: &[&str]) -> RedisServer {
-        let base = "save \"\"\n\
-                    appendonly no\n\
-                    enable-debug-command yes\n\
-                    repl-diskless-sync-delay 0\n";
+        let mut base = String::from(
+            "save \"\"\n\
+             appendonly no\n\
+             repl-diskless-sync-delay 0\n",
+        );
+        // Before 7.0, DEBUG is always on and the setting does not exist.
+        if server_version() >= (7, 0) {
+            base.push_str("enable-debug-command yes\n");
+        }
         let extra: Vec<String> = args.iter().map(ToString::to_string).collect();
-        RedisServer::launch("redis.conf", base, false, extra)
+        RedisServer::launch("redis.conf", &base, false, extra)
     }
 
     /// Starts a sentinel whose config file holds `body` after the common lines.
@@ -140,7 +145,10 @@ impl RedisServer {
             conf_quote(&dir.path().join("redis.log")),
         );
         fs::write(&conf, conf_text).expect("write the redis-server config file");
-        let wants_bus = cluster_enabled(&extra) && !extra.iter().any(|a| a == "--cluster-port");
+        // `--cluster-port` came with 7.0; before, the bus is `port + 10000`.
+        let wants_bus = cluster_enabled(&extra)
+            && !extra.iter().any(|a| a == "--cluster-port")
+            && server_version() >= (7, 0);
         let mut server = RedisServer {
             port: free_port(),
             bus_port: wants_bus.then(free_port),
@@ -389,22 +397,73 @@ fn read_from(path: &Path, offset: u64) -> String {
     String::from_utf8_lossy(&bytes[start..]).into_owned()
 }
 
-/// The absolute path of `redis-server`, looked up on PATH once per binary.
+/// The environment variable that names the server binary the tests run:
+/// a path, or a name looked up on `PATH` (`redis-server` when unset), so one
+/// suite runs on Redis 6.2, 7.x and Valkey alike.
+pub const SERVER_ENV: &str = "REDIS_SERVER";
+
+/// The absolute path of the server binary ([`SERVER_ENV`], else
+/// `redis-server` on `PATH`), looked up once per binary.
 ///
 /// # Panics
 ///
 /// With one clear line when it is not installed.
 fn redis_server_path() -> &'static Path {
-    static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     PATH.get_or_init(|| {
-        let path = std::env::var_os("PATH")?;
+        let wanted = std::env::var_os(SERVER_ENV).unwrap_or_else(|| "redis-server".into());
+        let wanted = PathBuf::from(wanted);
+        if wanted.components().count() > 1 {
+            return if wanted.is_file() {
+                Ok(wanted)
+            } else {
+                Err(format!("{SERVER_ENV}={} is not a file", wanted.display()))
+            };
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
         std::env::split_paths(&path)
-            .map(|dir| dir.join("redis-server"))
+            .map(|dir| dir.join(&wanted))
             .find(|candidate| candidate.is_file())
+            .ok_or_else(|| {
+                format!(
+                    "{} not found on PATH: install it with 'apt-get install -y redis-server', \
+                     run scripts/test (which installs one), or set {SERVER_ENV} to a server binary",
+                    wanted.display()
+                )
+            })
     })
     .as_deref()
-    .unwrap_or_else(|| {
-        panic!("redis-server not found on PATH: install it with 'apt-get install -y redis-server'")
+    .unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// The server binary's version, `(major, minor)`, as `--version` prints it
+/// (`v=7.0.15`; Valkey prints its own, `v=9.1.2`), read once per binary.
+pub fn server_version() -> (u32, u32) {
+    static VERSION: OnceLock<(u32, u32)> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let bin = redis_server_path();
+        let out = Command::new(bin)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("run {} --version: {e}", bin.display()));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = text
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("v="))
+            .unwrap_or_else(|| panic!("no v= in {} --version: {text}", bin.display()));
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    })
+}
+
+/// Whether the server binary is Valkey rather than Redis.
+pub fn is_valkey() -> bool {
+    static VALKEY: OnceLock<bool> = OnceLock::new();
+    *VALKEY.get_or_init(|| {
+        Command::new(redis_server_path())
+            .arg("--version")
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).starts_with("Valkey"))
     })
 }
 
@@ -417,9 +476,24 @@ fn free_port() -> u16 {
             .and_then(|listener| listener.local_addr())
             .expect("bind 127.0.0.1:0 to find a free port")
             .port();
+        // Before 7.0 a cluster node's bus port is always `port + 10000`:
+        // keep that one free and unused too, whether or not it is needed.
+        let bus = (server_version() < (7, 0)).then(|| port.checked_add(10_000));
+        if bus == Some(None)
+            || bus
+                .flatten()
+                .is_some_and(|bus| TcpListener::bind(("127.0.0.1", bus)).is_err())
+        {
+            continue;
+        }
         let mut handed_out = lock(&HANDED_OUT);
-        if port != SYSTEM_REDIS_PORT && !handed_out.contains(&port) {
+        let bus = bus.flatten();
+        if port != SYSTEM_REDIS_PORT
+            && !handed_out.contains(&port)
+            && bus.is_none_or(|bus| !handed_out.contains(&bus))
+        {
             handed_out.push(port);
+            handed_out.extend(bus);
             return port;
         }
     }
@@ -724,14 +798,18 @@ impl RedisCluster {
         for (p, node) in self.nodes[..self.primaries].iter().enumerate() {
             let lo = p * SLOTS / self.primaries;
             let hi = (p + 1) * SLOTS / self.primaries - 1;
-            must(
-                node.port(),
-                redis::cmd("CLUSTER").arg("ADDSLOTSRANGE").arg(lo).arg(hi),
-            );
+            // `ADDSLOTSRANGE` came with 7.0; `ADDSLOTS` takes every slot.
+            let mut add = redis::cmd("CLUSTER");
+            if server_version() >= (7, 0) {
+                add.arg("ADDSLOTSRANGE").arg(lo).arg(hi);
+            } else {
+                add.arg("ADDSLOTS").arg((lo..=hi).collect::<Vec<_>>());
+            }
+            must(node.port(), &add);
         }
         let first = self.nodes[0].port();
         for node in &self.nodes[1..] {
-            let bus = node.bus_port.expect("cluster nodes have a bus port");
+            let bus = node.bus_port.unwrap_or(node.port() + 10_000);
             must(
                 first,
                 redis::cmd("CLUSTER")
@@ -1063,9 +1141,16 @@ impl SentinelSet {
 
 // ------------------------------------------------------------ command counts
 
+/// Commands that open a connection (redis-rs sends `CLIENT SETINFO` on
+/// every one, which servers from 7.2 on count) or that measuring itself
+/// sends: never what a decision, refund or peek sends.
+const NOT_THE_PRODUCTS: [&str; 6] = ["hello", "client", "select", "auth", "info", "config"];
+
 /// Calls per command from `INFO commandstats` (subcommands as Redis names
-/// them, e.g. `script|load`), leaving out the `INFO` and `CONFIG RESETSTAT`
-/// that measuring itself sends. Counts commands run inside scripts too.
+/// them from 7.0 on, e.g. `script|load`; 6.2 counts `script`), leaving out
+/// the connection handshake and the `INFO` and `CONFIG RESETSTAT` that
+/// measuring itself sends ([`NOT_THE_PRODUCTS`]). Counts commands run
+/// inside scripts too.
 pub fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -1077,8 +1162,48 @@ pub fn command_calls(server: &RedisServer) -> std::collections::BTreeMap<String,
             let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
             Some((name.to_owned(), calls.parse().ok()?))
         })
-        .filter(|(name, _)| !["info", "config|resetstat"].contains(&name.as_str()))
+        .filter(|(name, _)| {
+            let base = name.split('|').next().unwrap_or(name);
+            !NOT_THE_PRODUCTS.contains(&base)
+        })
         .collect()
+}
+
+/// Whether this server runs flagged read-only scripts (`EVALSHA_RO`, from
+/// Redis 7.0 on), which is what lets peeks and pre-checks go to replicas.
+/// Before 7.0 the store sends them to the primary with `EVALSHA`.
+pub fn replicas_run_scripts() -> bool {
+    server_version() >= (7, 0)
+}
+
+/// Script call counts as this server names them: `counts` as Redis 7 has
+/// them, with read-only calls (`evalsha_ro`) merged into `evalsha` before
+/// 7.0, where the store sends peeks as plain `EVALSHA`.
+pub fn as_served(counts: &[(&str, u64)]) -> std::collections::BTreeMap<String, u64> {
+    let mut served = std::collections::BTreeMap::new();
+    for &(name, calls) in counts {
+        let name = match name {
+            "evalsha_ro" if !replicas_run_scripts() => "evalsha",
+            "eval_ro" if !replicas_run_scripts() => "eval",
+            other => other,
+        };
+        *served.entry(name.to_owned()).or_insert(0) += calls;
+    }
+    served
+}
+
+/// How many `SCRIPT LOAD`s `calls` holds: `script|load` from Redis 7.0 on;
+/// before, `script` counts every subcommand, so `other_script_calls` (the
+/// test's own `SCRIPT FLUSH`, say) are taken off.
+pub fn script_loads(
+    calls: &std::collections::BTreeMap<String, u64>,
+    other_script_calls: u64,
+) -> Option<u64> {
+    if server_version() >= (7, 0) {
+        calls.get("script|load").copied()
+    } else {
+        calls.get("script").map(|n| n - other_script_calls)
+    }
 }
 
 /// What clients sent: [`command_calls`] without the commands our Lua

@@ -13,7 +13,9 @@ use tower::ServiceExt;
 
 use crate::load::{app, CALLER};
 use crate::support::conformance::T0;
-use crate::support::redis::{key_slot, unique_prefix, wait_for_replication, SentinelSet};
+use crate::support::redis::{
+    key_slot, replicas_run_scripts, unique_prefix, wait_for_replication, SentinelSet,
+};
 use crate::{reset_stats, script_calls, shared_cluster, Pair};
 use tollgate::{Key, ManualClock, Policy, Quota, RedisStore, Store};
 
@@ -28,6 +30,12 @@ fn read_only_calls(calls: &std::collections::BTreeMap<String, u64>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_rejections_are_decided_by_the_replica_and_passes_charged_on_the_primary() {
+    if !replicas_run_scripts() {
+        // Before Redis 7.0 no replica runs a script: the pre-check goes to
+        // the primary (`a_pre_check_alone_decides_a_rejection_and_never_writes`
+        // in tests/redis_store.rs pins that on every server).
+        return;
+    }
     let pair = tokio::task::block_in_place(Pair::start);
     let clock = ManualClock::new(T0);
     let store: Arc<dyn Store> = Arc::new(
@@ -112,6 +120,12 @@ async fn sharded_rejections_are_decided_by_the_replica_and_passes_charged_on_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_with_pre_checks_never_admits_past_the_limit_across_app_servers() {
+    if !replicas_run_scripts() {
+        // Before Redis 7.0 no replica runs a script: the pre-check goes to
+        // the primary (`a_pre_check_alone_decides_a_rejection_and_never_writes`
+        // in tests/redis_store.rs pins that on every server).
+        return;
+    }
     let cluster = shared_cluster();
     let prefix = unique_prefix("pre-cluster");
     let mut stores = Vec::new();
@@ -168,6 +182,12 @@ async fn cluster_with_pre_checks_never_admits_past_the_limit_across_app_servers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_peeks_and_pre_checks_go_to_a_replica() {
+    if !replicas_run_scripts() {
+        // Before Redis 7.0 no replica runs a script: the pre-check goes to
+        // the primary (`a_pre_check_alone_decides_a_rejection_and_never_writes`
+        // in tests/redis_store.rs pins that on every server).
+        return;
+    }
     let (pair, sentinels) = tokio::task::block_in_place(|| {
         let pair = Pair::start();
         let sentinels = SentinelSet::start(&pair.primary, &[&pair.replica], 3, "tg-reads");

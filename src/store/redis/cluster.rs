@@ -119,11 +119,13 @@ impl ClusterConfig {
             builder = builder.read_routing_strategy(RoundRobinReplicaStrategy::new());
         }
         let conn = builder.build()?.get_async_connection().await?;
-        Ok(RedisStoreBuilder::new(Connection::Cluster(
+        RedisStoreBuilder::new(Connection::Cluster(
             conn,
             self.retries,
             self.read_from_replicas,
-        )))
+        ))
+        .check_server()
+        .await
     }
 }
 

@@ -119,7 +119,7 @@ impl PooledConnection {
         }
     }
 
-    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+    pub(crate) async fn connection(&self) -> RedisResult<MultiplexedConnection> {
         let cached = self.lock().clone();
         match cached {
             Some(conn) => Ok(conn),

@@ -7,6 +7,7 @@ pub(crate) mod connection;
 pub(crate) mod reply;
 pub(crate) mod script;
 mod sentinel;
+pub(crate) mod server;
 mod shards;
 
 pub use self::cluster::ClusterConfig;
@@ -24,6 +25,7 @@ use redis::cluster_async::ClusterConnection;
 use self::batchers::Batchers;
 use self::connection::{Connection, PooledConnection};
 use self::script::{LuaScript, SCRIPTS};
+use self::server::{Scripting, ServerVersion};
 use super::keys::KeyList;
 use super::{BoxFuture, KeySpace, Store};
 use crate::clock::Clock;
@@ -71,6 +73,8 @@ struct Inner {
     keys: KeySpace,
     clock: Option<Arc<dyn Clock>>,
     pre_check: bool,
+    /// Whether peeks and pre-checks may use `EVALSHA_RO` (Redis 7.0 on).
+    scripting: Arc<Scripting>,
     /// Sends concurrent charging calls together: one per server (a shard's
     /// primary) or, on a cluster, per set of keys; none when batching is off.
     batchers: Batchers,
@@ -98,6 +102,7 @@ pub struct RedisStoreBuilder {
     pre_check: bool,
     batching: bool,
     calls_in_flight: NonZeroUsize,
+    version: Option<ServerVersion>,
 }
 
 impl RedisStoreBuilder {
@@ -109,7 +114,36 @@ impl RedisStoreBuilder {
             pre_check: false,
             batching: true,
             calls_in_flight: batch::MAX_IN_FLIGHT,
+            version: None,
         }
+    }
+
+    /// Reads the server's version (`INFO server`; every shard's primary), so
+    /// a server too old fails here rather than at the first request, and
+    /// the store knows whether peeks may use `EVALSHA_RO` (Redis 7.0 on) or
+    /// must run on the primary with `EVALSHA` (6.2). Every `connect` of this
+    /// crate does it; a store `from_*` a connection of yours learns the
+    /// latter at its first peek instead, unless you call this.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported)
+    /// before Redis 6.2, naming the version found and the one needed; any
+    /// error of the `INFO` call itself.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let store = tollgate::RedisStore::from_connection(conn)
+    ///     .check_server()
+    ///     .await?
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_server(mut self) -> Result<Self, StoreError> {
+        self.version = Some(self.conn.server_version().await?);
+        Ok(self)
     }
 
     /// Puts every key under `prefix` (default `tollgate`); no braces or `|`.
@@ -245,6 +279,7 @@ impl RedisStoreBuilder {
                 keys,
                 clock: self.clock,
                 pre_check: self.pre_check,
+                scripting: Arc::new(Scripting::new(self.version)),
             }),
         })
     }
@@ -284,7 +319,7 @@ impl RedisStore {
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let manager = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self::from_manager(manager))
+        Self::from_manager(manager).check_server().await
     }
 
     /// Over a [`ConnectionManager`].
@@ -394,6 +429,12 @@ impl RedisStore {
         &self.inner.conn
     }
 
+    /// What the servers' scripting can do, shared with the throttle's sync
+    /// task.
+    pub(crate) fn scripting(&self) -> &Arc<Scripting> {
+        &self.inner.scripting
+    }
+
     /// The key names, shared with the throttle's sync task.
     pub(crate) fn keyspace(&self) -> &KeySpace {
         &self.inner.keys
@@ -430,12 +471,13 @@ impl RedisStore {
             None if !read_only && SCRIPTS.give_back_of(script, &args).is_some() => {
                 batch::eval_holding(&self.inner.conn, script, keys, args).await?
             }
-            _ => reply::integers(
+            None if read_only => reply::integers(
                 self.inner
-                    .conn
-                    .eval(script, &keys, &args, read_only)
+                    .scripting
+                    .eval_read_only(&self.inner.conn, script, &keys, &args)
                     .await?,
             )?,
+            None => reply::integers(self.inner.conn.eval(script, &keys, &args, false).await?)?,
         };
         let decision = match policy.strategy() {
             Strategy::LeakyBucket { .. } => reply::shaped(reply, cost),

@@ -11,12 +11,26 @@ pub(crate) struct LuaScript {
     pub(crate) name: &'static str,
     source: String,
     sha: String,
+    /// A read-only script's twin without the `no-writes` flag, for servers
+    /// before Redis 7.0, which know no script flags.
+    plain: Option<Box<LuaScript>>,
 }
 
 impl LuaScript {
     pub(crate) fn new(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
-        Self { name, source, sha }
+        Self {
+            name,
+            source,
+            sha,
+            plain: None,
+        }
+    }
+
+    /// This script without its `no-writes` flag (itself if it has none):
+    /// what a server before Redis 7.0 runs, with `EVALSHA`.
+    pub(crate) fn plain(&self) -> &LuaScript {
+        self.plain.as_deref().unwrap_or(self)
     }
 
     /// A decision script whose integers come back packed in one string
@@ -28,7 +42,10 @@ impl LuaScript {
     /// A script flagged read-only, so Redis refuses any write and lets
     /// replicas run it (`EVALSHA_RO`).
     pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
-        Self::new(name, format!("#!lua flags=no-writes\n{source}"))
+        Self {
+            plain: Some(Box::new(Self::new(name, source.to_owned()))),
+            ..Self::new(name, format!("#!lua flags=no-writes\n{source}"))
+        }
     }
 
     /// The no-writes twin of a decision script, for peeks and pre-checks:

@@ -164,7 +164,9 @@ impl SentinelConfig {
         conn.find_replica().await;
         let conn = Arc::new(conn);
         tokio::spawn(watch(Arc::downgrade(&conn), watched));
-        Ok(RedisStoreBuilder::new(Connection::Sentinel(conn)))
+        RedisStoreBuilder::new(Connection::Sentinel(conn))
+            .check_server()
+            .await
     }
 }
 
@@ -238,6 +240,11 @@ impl SentinelConnection {
     }
 
     /// The primary's connection, asking the sentinels if there is none.
+    /// The primary's connection, found through the sentinels if need be.
+    pub(crate) async fn primary(&self) -> RedisResult<MultiplexedConnection> {
+        Ok(self.connection().await?.0)
+    }
+
     async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
         match self.cached() {
             Some(current) => Ok(current),

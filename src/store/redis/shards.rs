@@ -167,9 +167,9 @@ impl ShardedConfig {
             nodes,
             read_from_replicas: self.read_from_replicas,
         };
-        Ok(RedisStoreBuilder::new(Connection::Sharded(
-            std::sync::Arc::new(shards),
-        )))
+        RedisStoreBuilder::new(Connection::Sharded(std::sync::Arc::new(shards)))
+            .check_server()
+            .await
     }
 }
 
