@@ -2,7 +2,7 @@
 //! short timeouts, quick retries, and redirections followed by the store
 //! itself, so that `ASKING` always travels with the command it is for.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -15,7 +15,21 @@ use super::{Connection, RedisStoreBuilder};
 use crate::error::StoreError;
 
 /// Retries of one script call when [`ClusterConfig`] does not say.
-pub(crate) const DEFAULT_RETRIES: u32 = 5;
+pub(crate) const DEFAULT_RETRIES: Retries = Retries {
+    redirections: 5,
+    patience: Duration::from_secs(1),
+};
+
+/// How hard one script call tries before it fails.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retries {
+    /// Attempts after a redirection, `CLUSTERDOWN` or a broken connection.
+    pub(crate) redirections: u32,
+    /// How long `TRYAGAIN` (a multi-key call meeting a slot whose keys are
+    /// half moved) is retried, however many times: a migration ends, and
+    /// the layer's deadline still bounds every request.
+    pub(crate) patience: Duration,
+}
 
 /// A [`RedisStore`](crate::RedisStore) on Redis Cluster; made by
 /// [`RedisStore::cluster`](crate::RedisStore::cluster).
@@ -25,8 +39,12 @@ pub(crate) const DEFAULT_RETRIES: u32 = 5;
 /// `CROSSSLOT`) and no caller can aim at another caller's slot.
 ///
 /// - `MOVED` and `ASK` (slot migrations, failovers) are followed by the store
-///   (redis-rs then refreshes its slot map); `TRYAGAIN`, `CLUSTERDOWN` and
-///   broken connections are retried a few times, 10 to 160 ms apart. The
+///   (redis-rs then refreshes its slot map); `CLUSTERDOWN` and broken
+///   connections are retried a few times, 10 to 160 ms apart. `TRYAGAIN`,
+///   which a node answers while a decision's keys are split between two
+///   nodes mid-migration, is retried every 10 to 40 ms until the response
+///   timeout, as many times as it takes, so a live migration decides every
+///   request in Redis (within the layer's deadline). The
 ///   store follows `ASK` itself because redis-rs sends `ASKING` as a request
 ///   of its own on a connection other requests share: under load another
 ///   command slips in between, takes the one-shot `ASKING`, and the target
@@ -68,7 +86,7 @@ impl ClusterConfig {
             read_from_replicas: false,
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
-            retries: DEFAULT_RETRIES,
+            retries: DEFAULT_RETRIES.redirections,
         }
     }
 
@@ -121,7 +139,10 @@ impl ClusterConfig {
         let conn = builder.build()?.get_async_connection().await?;
         RedisStoreBuilder::new(Connection::Cluster(
             conn,
-            self.retries,
+            Retries {
+                redirections: self.retries,
+                patience: self.response_timeout,
+            },
             self.read_from_replicas,
         ))
         .check_server()
@@ -143,7 +164,7 @@ enum Target {
 /// answering `NOSCRIPT` with `EVAL`, and retrying up to `retries` times.
 pub(crate) async fn eval<A: ToRedisArgs>(
     conn: &mut ClusterConnection,
-    retries: u32,
+    retries: Retries,
     script: &LuaScript,
     keys: &[String],
     args: &[A],
@@ -152,6 +173,8 @@ pub(crate) async fn eval<A: ToRedisArgs>(
     let mut target = Target::Keys;
     let mut with_source = false;
     let mut attempt = 0;
+    let mut waited_for_migration = 0;
+    let started = Instant::now();
     loop {
         let cmd = if with_source {
             script.eval_cmd(keys, args, read_only)
@@ -170,7 +193,19 @@ pub(crate) async fn eval<A: ToRedisArgs>(
             with_source = true;
             continue;
         }
-        if attempt >= retries {
+        if err.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
+            && started.elapsed() < retries.patience
+        {
+            // Again where it was sent: the keys' owner, or the `ASK` target
+            // still importing the rest of them.
+            waited_for_migration += 1;
+            tokio::time::sleep(Duration::from_millis(
+                10 << waited_for_migration.min(3) >> 1,
+            ))
+            .await;
+            continue;
+        }
+        if attempt >= retries.redirections {
             return Err(err);
         }
         attempt += 1;

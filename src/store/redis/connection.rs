@@ -38,7 +38,7 @@ pub(crate) enum Connection {
     Pool(Arc<PooledConnection>),
     /// Redis Cluster: routes each script by its keys' hash slot, with this
     /// many retries; whether read-only calls may go to replicas.
-    Cluster(ClusterConnection, u32, bool),
+    Cluster(ClusterConnection, super::cluster::Retries, bool),
     /// Independent primaries (and replicas), picked by the keys' hash tag.
     Sharded(Arc<Shards>),
     /// The primary Redis Sentinel names, rediscovered after a failover.
