@@ -47,7 +47,10 @@ use crate::strategy::{concurrency, gcra, leaky_bucket, sliding_log, Strategy, MA
 /// use that with a [`ManualClock`](crate::ManualClock). A window's end is
 /// written once, by the request that opens it, and read back by everyone.
 ///
-/// Requires Redis 7 or later (script flags, `EVALSHA_RO`).
+/// Runs on Redis 6.2 and later, and on Valkey. Before Redis 7.0 (no script
+/// flags, no `EVALSHA_RO`) peeks and pre-checks run on the primary with
+/// `EVALSHA`; every `connect` reads the server's version and refuses one
+/// older than 6.2 (see [`RedisStoreBuilder::check_server`]).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
