@@ -571,6 +571,7 @@ impl RateLimitLayerBuilder {
                 access,
                 cooldown: self.cooldown,
                 skip_store_until: Default::default(),
+                health: Default::default(),
             }),
         })
     }

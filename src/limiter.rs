@@ -3,9 +3,9 @@
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::access::{Access, Listed};
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::failure::FailurePolicy;
+use crate::failure::{monotonic_nanos, FailurePolicy, Health};
 use crate::headers::PolicyHeaders;
 use crate::key::{Key, KeyExtractor};
 use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
@@ -63,17 +63,13 @@ pub(crate) struct Limiter {
     pub(crate) access: Access,
     pub(crate) metrics: PolicyMetrics,
     pub(crate) cooldown: Duration,
-    /// Until when (ns since [`EPOCH`]) the main store is skipped after a failure.
+    /// Until when (ns since [`EPOCH`](crate::failure::EPOCH)) the main
+    /// store is skipped after a failure.
     pub(crate) skip_store_until: AtomicU64,
+    /// Whether the main store is failing, for logging outages once.
+    pub(crate) health: Health,
     /// Throttling mode and the local decision cache (high-volume mode).
     pub(crate) local: crate::local::LocalDecisions,
-}
-
-/// A process-wide monotonic origin for the breaker's timestamps.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-fn monotonic_nanos() -> u64 {
-    EPOCH.elapsed().as_nanos() as u64
 }
 
 /// Which store decided a request; refunds go back to the same one.
@@ -215,7 +211,7 @@ impl Limiter {
             }
             Err(err) => err,
         };
-        let (local, kind) = match self.on_failure(parts, &key, err) {
+        let (local, kind) = match self.on_failure(parts, err) {
             Ok(fallback) => fallback,
             Err(decided) => return Ok(decided),
         };
@@ -246,7 +242,7 @@ impl Limiter {
                     }
                     Err(err) => err,
                 };
-                match self.on_failure(parts, &key, err) {
+                match self.on_failure(parts, err) {
                     Ok((_, kind)) => kind,
                     Err(decided) => return decided,
                 }
@@ -306,11 +302,9 @@ impl Limiter {
     fn on_failure(
         &self,
         parts: &mut Parts,
-        key: &Key,
         err: StoreError,
     ) -> Result<(&Arc<dyn Store>, StoreErrorKind), Decided> {
-        tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
-            "rate limit store failed; applying failure policy");
+        self.health.decided_without_store();
         let kind = err.kind();
         parts.extensions.insert(StoreUnavailable { kind });
         match &self.failure {
@@ -489,17 +483,15 @@ impl Limiter {
         };
         let decision = match result {
             Ok(()) => {
+                if pass.decider == Decider::Main {
+                    self.note_answer();
+                }
                 self.local.refunded(key);
                 let cost = decision.receipt.cost();
                 decision.refunded(cost)
             }
             Err(err) => {
-                self.metrics.store_error(err.kind());
-                if err.kind() == StoreErrorKind::Timeout {
-                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), "rate limit refund timed out")
-                } else {
-                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "rate limit refund failed")
-                }
+                self.note_error(key, &err);
                 decision
             }
         };
@@ -572,7 +564,7 @@ impl Limiter {
             .within_deadline(self.store.check(&self.policy, key, cost))
             .await;
         self.metrics.store_latency(waited);
-        self.note_failure(&result);
+        self.note_failure(key, &result);
         result
     }
 
@@ -584,7 +576,7 @@ impl Limiter {
         }
         let result = self.store.check_now(&self.policy, key, cost)?;
         self.metrics.store_latency(Stopwatch::idle());
-        self.note_failure(&result);
+        self.note_failure(key, &result);
         Some(result)
     }
 
@@ -595,13 +587,44 @@ impl Limiter {
         skip_until != 0 && monotonic_nanos() < skip_until
     }
 
-    /// Counts a failed main-store call and starts the cooldown.
-    fn note_failure<T>(&self, result: &Result<T, StoreError>) {
-        let Err(err) = result else { return };
-        self.metrics.store_error(err.kind());
+    /// Counts a failed main-store call and starts the cooldown; logs the
+    /// start of an outage (a warning) and its end (an info line), calls in
+    /// between at debug.
+    fn note_failure<T>(&self, key: &Key, result: &Result<T, StoreError>) {
+        let err = match result {
+            Ok(_) => return self.note_answer(),
+            Err(err) => err,
+        };
+        self.note_error(key, err);
         if !self.cooldown.is_zero() {
             let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;
             self.skip_store_until.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// The main store answered: logs the end of an outage, if this ends one.
+    #[inline]
+    fn note_answer(&self) {
+        if let Some((lasted, without)) = self.health.answered() {
+            tracing::info!(
+                policy = self.policy.name(),
+                outage_ms = lasted.as_millis() as u64,
+                decided_without_store = without,
+                "rate limit store answers again"
+            );
+        }
+    }
+
+    /// Counts a failed main-store call (a check, refund or release) and
+    /// logs it: a warning if it starts an outage, else at debug.
+    pub(crate) fn note_error(&self, key: &Key, err: &StoreError) {
+        self.metrics.store_error(err.kind());
+        if self.health.failed() {
+            tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+                "rate limit store failed; applying failure policy until it answers again");
+        } else {
+            tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+                "rate limit store failed");
         }
     }
 

@@ -660,6 +660,7 @@ impl Store for RedisStore {
                     Ok(decision) if !decision.allowed => return Ok(decision),
                     Ok(_) => {}
                     Err(err) => {
+                        crate::metrics::replica_fallback();
                         tracing::debug!(error = %err, "pre-check failed; asking the primary")
                     }
                 }

@@ -106,6 +106,7 @@ impl LuaScript {
             script = self.name,
             "NOSCRIPT: loading the script and retrying once"
         );
+        crate::metrics::script_reload(self.name);
         let _: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(&self.source)
