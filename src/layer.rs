@@ -15,6 +15,7 @@ use crate::failure::FailurePolicy;
 use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::limiter::Limiter;
+use crate::local::seed::{self, Learned};
 use crate::metrics::PolicyMetrics;
 use crate::quota::Policy;
 use crate::service::RateLimit;
@@ -553,6 +554,12 @@ impl RateLimitLayerBuilder {
             }
         }
         let access = self.access.validate()?;
+        // The fallback starts from what the main store last said (see
+        // `Limiter::seed`); a concurrency limit's slots are given back to
+        // the store that took them, so its fallback starts empty.
+        let learned = (matches!(self.failure, FailurePolicy::Local(_))
+            && !matches!(policy.strategy(), crate::strategy::Strategy::Concurrency))
+        .then(|| Learned::new(seed::CAPACITY));
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 metrics: PolicyMetrics::new(&policy),
@@ -572,6 +579,7 @@ impl RateLimitLayerBuilder {
                 cooldown: self.cooldown,
                 skip_store_until: Default::default(),
                 health: Default::default(),
+                learned,
             }),
         })
     }

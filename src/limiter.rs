@@ -19,6 +19,7 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::{monotonic_nanos, FailurePolicy, Health};
 use crate::headers::PolicyHeaders;
 use crate::key::{Key, KeyExtractor};
+use crate::local::seed::Learned;
 use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
 use crate::quota::Policy;
 use crate::release::ReleaseGuard;
@@ -68,6 +69,9 @@ pub(crate) struct Limiter {
     pub(crate) skip_store_until: AtomicU64,
     /// Whether the main store is failing, for logging outages once.
     pub(crate) health: Health,
+    /// The main store's last word per key, which the local fallback starts
+    /// from; `None` without a local fallback, or for the concurrency limit.
+    pub(crate) learned: Option<Learned>,
     /// Throttling mode and the local decision cache (high-volume mode).
     pub(crate) local: crate::local::LocalDecisions,
 }
@@ -215,6 +219,7 @@ impl Limiter {
             Ok(fallback) => fallback,
             Err(decided) => return Ok(decided),
         };
+        self.seed(local, &key);
         match local.check_now(&self.policy, &key, cost) {
             Some(result) => Ok(self.fallen_back(parts, key, cost, kind, result, span)),
             None => Err(Waiting {
@@ -252,6 +257,7 @@ impl Limiter {
             // Only a local failure policy leaves a request waiting on a fallback.
             return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
         };
+        self.seed(local, &key);
         let result = Box::pin(self.ask(&**local, &key, cost)).await;
         self.fallen_back(parts, key, cost, kind, result, span)
     }
@@ -367,7 +373,12 @@ impl Limiter {
     ) -> Decided {
         if decider == Decider::Main && !self.shadow {
             self.local.after_store(&self.policy, &key, cost, &decision);
+            if let Some(learned) = &self.learned {
+                learned.learn(&key, &decision);
+            }
         }
+        let mut decision = decision;
+        decision.fallback = decider == Decider::Fallback;
         span.record("remaining", decision.remaining);
         let outcome = match (decision.allowed, decider) {
             (true, Decider::Main) => Outcome::Allowed,
@@ -387,7 +398,6 @@ impl Limiter {
         // extensions; its response shows the rejection's headers (Remaining 0)
         // without Retry-After. The store did not charge it.
         parts.extensions.insert(decision.clone());
-        let mut decision = decision;
         decision.retry_after = None;
         if self.shadow {
             // Shadow mode never changes traffic: a leaky bucket's wait is
@@ -543,14 +553,51 @@ impl Limiter {
         }
     }
 
-    /// The caller's current state, without charging.
+    /// The caller's current state, without charging. It follows the
+    /// failure policy: while the main store fails (or within the cooldown
+    /// after it did), a local fallback answers, and the decision says so
+    /// ([`Decision::fallback`]); other policies have no state to show.
     pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::PeekError> {
         let key = self.key.extract(parts).map_err(crate::PeekError::Key)?;
-        let peek = self.store.peek(&self.policy, &key);
-        self.within_deadline(peek)
-            .await
-            .0
-            .map_err(crate::PeekError::Store)
+        let err = if self.cooling_down() {
+            StoreError::cooling_down()
+        } else {
+            let peek = self.store.peek(&self.policy, &key);
+            match self.within_deadline(peek).await.0 {
+                Ok(decision) => return Ok(decision),
+                Err(err) => err,
+            }
+        };
+        let FailurePolicy::Local(local) = &self.failure else {
+            return Err(crate::PeekError::Store(err));
+        };
+        tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err,
+            "rate limit store failed a peek; answering from the local fallback");
+        self.seed(local, &key);
+        let peek = local.peek(&self.policy, &key);
+        match self.within_deadline(peek).await.0 {
+            Ok(mut decision) => {
+                decision.fallback = true;
+                Ok(decision)
+            }
+            Err(_) => Err(crate::PeekError::Store(err)),
+        }
+    }
+
+    /// Before the local fallback first decides (or shows) `key` in an
+    /// outage: charges it what the main store last said was spent in the
+    /// window still open, so this server does not hand out a fresh budget
+    /// at the switch. Only a fallback that answers at once (the memory
+    /// store) is seeded; the charge is made while the record is held, so
+    /// no concurrent fallback decision for `key` can come before it.
+    fn seed(&self, local: &Arc<dyn Store>, key: &Key) {
+        let Some(learned) = &self.learned else { return };
+        learned.seed(key, |used| {
+            if let Some(Err(err)) = local.check_now(&self.policy, key, used) {
+                tracing::debug!(policy = self.policy.name(), error = %err,
+                    "cannot seed the local fallback");
+            }
+        });
     }
 
     /// Asks the main store, unless it failed within the cooldown: then the
@@ -561,7 +608,12 @@ impl Limiter {
             return Err(StoreError::cooling_down());
         }
         let (result, waited) = self
-            .within_deadline(self.store.check(&self.policy, key, cost))
+            .within_deadline(self.store.check_before(
+                &self.policy,
+                key,
+                cost,
+                std::time::Instant::now() + self.deadline,
+            ))
             .await;
         self.metrics.store_latency(waited);
         self.note_failure(key, &result);
