@@ -35,7 +35,14 @@ pub enum FailurePolicy {
     },
     /// Decide with this store instead (usually a [`MemoryStore`]): limits
     /// then hold per app server until the main store is back. Responses carry
-    /// `X-RateLimit-Fallback: local`. The default.
+    /// `X-RateLimit-Fallback: local`, and peeks are answered from it too
+    /// ([`Decision::fallback`](crate::Decision::fallback)). The default.
+    ///
+    /// A key's first local decision starts from what the main store last
+    /// said was spent in its open window (charged to this store first, if it
+    /// answers at once as the memory store does), so the switch hands out no
+    /// fresh budget; the README's failure policy says what holds per
+    /// strategy.
     Local(Arc<dyn Store>),
 }
 
