@@ -20,9 +20,10 @@ if until_ > 0 then
   if now < 0 then
     local t = redis.call('TIME')
     now = t[1] * 1000000 + t[2]
-    ARGV[1] = now
   end
   if now > until_ then return struct.pack('>ll', -2, now) end
+  -- Converted once: the script's own `ARGV[1] + 0` finds a number.
+  ARGV[1] = now
 end
 local reply = decide(KEYS, ARGV)
 if type(reply) == 'table' and reply.err == nil then

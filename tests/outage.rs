@@ -204,3 +204,66 @@ async fn a_peek_during_an_outage_answers_from_the_fallback() {
     assert!(after_one.fallback);
     assert_eq!(after_one.used, 2);
 }
+
+/// A batch that reaches Redis after the earliest deadline among its charges
+/// charges none of them (a concurrency check takes no slot), while a
+/// release queued in it still frees its slot: giving back is always safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_batch_charges_nothing_and_still_gives_back() {
+    use std::time::Instant;
+    use tollgate::{Key, Store, StoreErrorKind};
+
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(
+        RedisStore::connect_builder(&server.url())
+            .await
+            .unwrap()
+            .prefix("b")
+            .calls_in_flight(std::num::NonZeroUsize::MIN)
+            .build()
+            .unwrap(),
+    );
+    let three = NonZeroU32::new(3).unwrap();
+    let policy = Policy::concurrency("slots", three, Duration::from_secs(60)).unwrap();
+    let soon = || Instant::now() + Duration::from_millis(100);
+    // A first answer teaches the store Redis's time; this one holds a slot.
+    let held = store
+        .check_before(&policy, &Key::new("k"), 1, soon())
+        .await
+        .unwrap();
+    assert!(held.allowed);
+
+    let frozen = Frozen::new(&server);
+    let spawn_check = |key: &'static str| {
+        let (store, policy) = (store.clone(), policy.clone());
+        tokio::spawn(async move { store.check_before(&policy, &Key::new(key), 1, soon()).await })
+    };
+    // The one call in flight; then a release and three checks queue.
+    let alone = spawn_check("other");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let release = {
+        let (store, policy, receipt) = (store.clone(), policy.clone(), held.receipt.clone());
+        tokio::spawn(async move { store.refund(&policy, &Key::new("k"), &receipt).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let queued: Vec<_> = (0..3).map(|_| spawn_check("k")).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(frozen);
+
+    let late = alone.await.unwrap().unwrap_err();
+    assert_eq!(late.kind(), StoreErrorKind::Timeout, "{late}");
+    release.await.unwrap().unwrap();
+    for check in queued {
+        let late = check.await.unwrap().unwrap_err();
+        assert_eq!(late.kind(), StoreErrorKind::Timeout, "{late}");
+    }
+    let mut conn = server.conn();
+    let keys: Vec<String> = conn.keys("b:*").unwrap();
+    for key in &keys {
+        let held: u64 = conn.zcard(key).unwrap();
+        assert_eq!(
+            held, 0,
+            "{key} holds slots of late checks or of the release"
+        );
+    }
+}
