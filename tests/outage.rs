@@ -267,3 +267,59 @@ async fn a_late_batch_charges_nothing_and_still_gives_back() {
         );
     }
 }
+
+/// `NOSCRIPT` reloads are counted, not logged one by one: the first use of
+/// a script on a server and each `SCRIPT FLUSH` after it count one.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn noscript_reloads_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tollgate::{Key, Store};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // This test's runtime has one thread: every call below records here.
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = RedisServer::start();
+    let store = RedisStore::connect_builder(&server.url())
+        .await
+        .unwrap()
+        .prefix("n")
+        .build()
+        .unwrap();
+    let policy = Policy::fixed_window("core", per_minute(10));
+    for flush in [false, true, false] {
+        if flush {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query(&mut server.conn())
+                .unwrap();
+        }
+        assert!(
+            store
+                .check(&policy, &Key::new("k"), 1)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let reloads: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == tollgate::metrics::SCRIPT_RELOADS)
+        .map(|(key, _, _, value)| {
+            (
+                key.key()
+                    .labels()
+                    .map(|l| l.value().to_owned())
+                    .collect::<Vec<_>>(),
+                value,
+            )
+        })
+        .collect();
+    assert_eq!(
+        reloads,
+        vec![(vec!["fixed_window".to_owned()], DebugValue::Counter(2))]
+    );
+}

@@ -63,6 +63,19 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// The Redis store sends the deadline in Redis time, from the offset
     /// between this machine's clock and the `now` of Redis's replies.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::{Duration, Instant}};
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    ///
+    /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap()));
+    /// let deadline = Instant::now() + Duration::from_millis(100);
+    /// let store = MemoryStore::new(); // in process: never late
+    /// let decision = store.check_before(&policy, &Key::new("bob"), 1, deadline).await;
+    /// assert!(decision.unwrap().allowed);
+    /// # }
+    /// ```
     fn check_before<'a>(
         &'a self,
         policy: &'a Policy,
