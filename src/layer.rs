@@ -93,7 +93,11 @@ impl RateLimitLayer {
 
     /// The caller's current state under this layer's policy, without charging:
     /// what GitHub's `GET /rate_limit` shows. On Redis this is one read-only
-    /// script call, which replicas may serve.
+    /// script call, which replicas may serve. While the store fails, a peek
+    /// follows the failure policy: a local fallback answers (from what the
+    /// store last said, and what it decided since) with
+    /// [`Decision::fallback`] set; with no fallback it is a
+    /// [`PeekError::Store`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
