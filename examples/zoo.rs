@@ -164,9 +164,12 @@ async fn tigerfeeding(headers: HeaderMap) -> Response {
 /// GitHub's `GET /rate_limit`: every resource's state for this caller.
 async fn rate_limit(State(zoo): State<Zoo>, parts: Parts) -> Response {
     let mut resources = serde_json::Map::new();
+    // Redis down: the layers' local fallbacks answer (and decide) meanwhile.
+    let mut fallback = false;
     for layer in &zoo.limits {
         match layer.peek(&parts).await {
             Ok(d) => {
+                fallback |= d.fallback;
                 resources.insert(
                     layer.policy().name().to_owned(),
                     json!({
@@ -186,7 +189,15 @@ async fn rate_limit(State(zoo): State<Zoo>, parts: Parts) -> Response {
         }
     }
     let rate = resources.get("tigerfeeding").cloned().unwrap_or_default();
-    Json(json!({ "resources": resources, "rate": rate })).into_response()
+    let mut response = Json(json!({ "resources": resources, "rate": rate })).into_response();
+    if fallback {
+        // As the layer marks what its local fallback decided.
+        response.headers_mut().insert(
+            "x-ratelimit-fallback",
+            axum::http::HeaderValue::from_static("local"),
+        );
+    }
+    response
 }
 
 /// Installs the Prometheus recorder; must run before the first request.

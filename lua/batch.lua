@@ -13,6 +13,14 @@
 -- KEYS         every decision's keys, one decision after the other; a
 --              decision that repeats the keys before it sends none
 -- ARGV[1]      n, the number of decisions
+-- ARGV[2]      until: the store time (µs, the decisions' clock) after which
+--              no one waits for the earliest of them; 0 when the store
+--              cannot tell. A charging decision the call reaches after it
+--              writes nothing and replies {-2, now} (late), as
+--              lua/timed.lua does for a lone call: the whole batch is then
+--              late, as its first request's answer would be. A give-back
+--              (a concurrency release: two arguments and no time) always
+--              runs: giving back only lowers a count.
 -- then for each decision: '=' when it has the keys and arguments of the
 -- decision before (a flood of one caller); '#' and a request id when it
 -- has them but for its own id (a flood of the sliding log or the
@@ -51,7 +59,8 @@ end
 -- k: the keys used so far; a: the next decision's first argument. A
 -- decision's keys are KEYS[kn + 1 .. kn + nk], its arguments ARGV[an + 1 ..
 -- an + na].
-local out, k, a = {}, 0, 2
+local out, k, a = {}, 0, 3
+local until_ = num(ARGV[2])
 local kn, nk, an, na = 0, 0, 0, 0
 -- id: the request id a '#' gave, kept by the '=' after it (the same
 -- decision again), dropped by a decision that sends its arguments.
@@ -84,7 +93,12 @@ for c = 1, num(ARGV[1]) do
     end
     t = now
   end
-  local ok, reply = pcall(decide, kn, nk, an, na, t, id)
+  local ok, reply
+  if until_ > 0 and na ~= 2 and (t or num(ARGV[an + 1])) > until_ then
+    ok, reply = true, {-2, t or num(ARGV[an + 1])}
+  else
+    ok, reply = pcall(decide, kn, nk, an, na, t, id)
+  end
   if ok then
     out[c] = packed(reply)
   else

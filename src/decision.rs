@@ -46,6 +46,10 @@ pub struct Decision {
     pub scope: Scope,
     /// What to give back if the response turns out to be free.
     pub receipt: Receipt,
+    /// Decided (for a peek: answered) by the layer's local fallback because
+    /// the main store failed; the response says so with
+    /// `X-RateLimit-Fallback: local`.
+    pub fallback: bool,
 }
 
 impl Decision {
@@ -63,6 +67,7 @@ impl Decision {
             quota: 0,
             scope: Scope::Consumer,
             receipt: Receipt::default(),
+            fallback: false,
         }
     }
 
@@ -86,6 +91,7 @@ impl Decision {
             quota: 0,
             scope: Scope::Consumer,
             receipt: Receipt::default(),
+            fallback: false,
         }
     }
 

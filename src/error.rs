@@ -132,6 +132,14 @@ impl StoreError {
         }
     }
 
+    /// The store ran the call after its deadline and charged nothing.
+    pub(crate) fn late() -> Self {
+        Self::new(
+            StoreErrorKind::Timeout,
+            "reached the store after its deadline; nothing was charged",
+        )
+    }
+
     /// The store failed moments ago and is being given time to recover.
     pub(crate) fn cooling_down() -> Self {
         Self::new(

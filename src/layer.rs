@@ -15,6 +15,7 @@ use crate::failure::FailurePolicy;
 use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::limiter::Limiter;
+use crate::local::seed::{self, Learned};
 use crate::metrics::PolicyMetrics;
 use crate::quota::Policy;
 use crate::service::RateLimit;
@@ -92,7 +93,11 @@ impl RateLimitLayer {
 
     /// The caller's current state under this layer's policy, without charging:
     /// what GitHub's `GET /rate_limit` shows. On Redis this is one read-only
-    /// script call, which replicas may serve.
+    /// script call, which replicas may serve. While the store fails, a peek
+    /// follows the failure policy: a local fallback answers (from what the
+    /// store last said, and what it decided since) with
+    /// [`Decision::fallback`] set; with no fallback it is a
+    /// [`PeekError::Store`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -553,6 +558,12 @@ impl RateLimitLayerBuilder {
             }
         }
         let access = self.access.validate()?;
+        // The fallback starts from what the main store last said (see
+        // `Limiter::seed`); a concurrency limit's slots are given back to
+        // the store that took them, so its fallback starts empty.
+        let learned = (matches!(self.failure, FailurePolicy::Local(_))
+            && !matches!(policy.strategy(), crate::strategy::Strategy::Concurrency))
+        .then(|| Learned::new(seed::CAPACITY));
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 metrics: PolicyMetrics::new(&policy),
@@ -571,6 +582,8 @@ impl RateLimitLayerBuilder {
                 access,
                 cooldown: self.cooldown,
                 skip_store_until: Default::default(),
+                health: Default::default(),
+                learned,
             }),
         })
     }

@@ -3,9 +3,9 @@
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -16,9 +16,10 @@ use tracing::Instrument;
 use crate::access::{Access, Listed};
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::failure::FailurePolicy;
+use crate::failure::{monotonic_nanos, FailurePolicy, Health};
 use crate::headers::PolicyHeaders;
 use crate::key::{Key, KeyExtractor};
+use crate::local::seed::Learned;
 use crate::metrics::{Outcome, PolicyMetrics, Stopwatch};
 use crate::quota::Policy;
 use crate::release::ReleaseGuard;
@@ -63,17 +64,16 @@ pub(crate) struct Limiter {
     pub(crate) access: Access,
     pub(crate) metrics: PolicyMetrics,
     pub(crate) cooldown: Duration,
-    /// Until when (ns since [`EPOCH`]) the main store is skipped after a failure.
+    /// Until when (ns since [`EPOCH`](crate::failure::EPOCH)) the main
+    /// store is skipped after a failure.
     pub(crate) skip_store_until: AtomicU64,
+    /// Whether the main store is failing, for logging outages once.
+    pub(crate) health: Health,
+    /// The main store's last word per key, which the local fallback starts
+    /// from; `None` without a local fallback, or for the concurrency limit.
+    pub(crate) learned: Option<Learned>,
     /// Throttling mode and the local decision cache (high-volume mode).
     pub(crate) local: crate::local::LocalDecisions,
-}
-
-/// A process-wide monotonic origin for the breaker's timestamps.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-fn monotonic_nanos() -> u64 {
-    EPOCH.elapsed().as_nanos() as u64
 }
 
 /// Which store decided a request; refunds go back to the same one.
@@ -215,10 +215,11 @@ impl Limiter {
             }
             Err(err) => err,
         };
-        let (local, kind) = match self.on_failure(parts, &key, err) {
+        let (local, kind) = match self.on_failure(parts, err) {
             Ok(fallback) => fallback,
             Err(decided) => return Ok(decided),
         };
+        self.seed(local, &key);
         match local.check_now(&self.policy, &key, cost) {
             Some(result) => Ok(self.fallen_back(parts, key, cost, kind, result, span)),
             None => Err(Waiting {
@@ -246,7 +247,7 @@ impl Limiter {
                     }
                     Err(err) => err,
                 };
-                match self.on_failure(parts, &key, err) {
+                match self.on_failure(parts, err) {
                     Ok((_, kind)) => kind,
                     Err(decided) => return decided,
                 }
@@ -256,6 +257,7 @@ impl Limiter {
             // Only a local failure policy leaves a request waiting on a fallback.
             return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
         };
+        self.seed(local, &key);
         let result = Box::pin(self.ask(&**local, &key, cost)).await;
         self.fallen_back(parts, key, cost, kind, result, span)
     }
@@ -306,11 +308,9 @@ impl Limiter {
     fn on_failure(
         &self,
         parts: &mut Parts,
-        key: &Key,
         err: StoreError,
     ) -> Result<(&Arc<dyn Store>, StoreErrorKind), Decided> {
-        tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
-            "rate limit store failed; applying failure policy");
+        self.health.decided_without_store();
         let kind = err.kind();
         parts.extensions.insert(StoreUnavailable { kind });
         match &self.failure {
@@ -373,7 +373,12 @@ impl Limiter {
     ) -> Decided {
         if decider == Decider::Main && !self.shadow {
             self.local.after_store(&self.policy, &key, cost, &decision);
+            if let Some(learned) = &self.learned {
+                learned.learn(&key, &decision);
+            }
         }
+        let mut decision = decision;
+        decision.fallback = decider == Decider::Fallback;
         span.record("remaining", decision.remaining);
         let outcome = match (decision.allowed, decider) {
             (true, Decider::Main) => Outcome::Allowed,
@@ -393,7 +398,6 @@ impl Limiter {
         // extensions; its response shows the rejection's headers (Remaining 0)
         // without Retry-After. The store did not charge it.
         parts.extensions.insert(decision.clone());
-        let mut decision = decision;
         decision.retry_after = None;
         if self.shadow {
             // Shadow mode never changes traffic: a leaky bucket's wait is
@@ -489,17 +493,15 @@ impl Limiter {
         };
         let decision = match result {
             Ok(()) => {
+                if pass.decider == Decider::Main {
+                    self.note_answer();
+                }
                 self.local.refunded(key);
                 let cost = decision.receipt.cost();
                 decision.refunded(cost)
             }
             Err(err) => {
-                self.metrics.store_error(err.kind());
-                if err.kind() == StoreErrorKind::Timeout {
-                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), "rate limit refund timed out")
-                } else {
-                    tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "rate limit refund failed")
-                }
+                self.note_error(key, &err);
                 decision
             }
         };
@@ -551,14 +553,51 @@ impl Limiter {
         }
     }
 
-    /// The caller's current state, without charging.
+    /// The caller's current state, without charging. It follows the
+    /// failure policy: while the main store fails (or within the cooldown
+    /// after it did), a local fallback answers, and the decision says so
+    /// ([`Decision::fallback`]); other policies have no state to show.
     pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::PeekError> {
         let key = self.key.extract(parts).map_err(crate::PeekError::Key)?;
-        let peek = self.store.peek(&self.policy, &key);
-        self.within_deadline(peek)
-            .await
-            .0
-            .map_err(crate::PeekError::Store)
+        let err = if self.cooling_down() {
+            StoreError::cooling_down()
+        } else {
+            let peek = self.store.peek(&self.policy, &key);
+            match self.within_deadline(peek).await.0 {
+                Ok(decision) => return Ok(decision),
+                Err(err) => err,
+            }
+        };
+        let FailurePolicy::Local(local) = &self.failure else {
+            return Err(crate::PeekError::Store(err));
+        };
+        tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err,
+            "rate limit store failed a peek; answering from the local fallback");
+        self.seed(local, &key);
+        let peek = local.peek(&self.policy, &key);
+        match self.within_deadline(peek).await.0 {
+            Ok(mut decision) => {
+                decision.fallback = true;
+                Ok(decision)
+            }
+            Err(_) => Err(crate::PeekError::Store(err)),
+        }
+    }
+
+    /// Before the local fallback first decides (or shows) `key` in an
+    /// outage: charges it what the main store last said was spent in the
+    /// window still open, so this server does not hand out a fresh budget
+    /// at the switch. Only a fallback that answers at once (the memory
+    /// store) is seeded; the charge is made while the record is held, so
+    /// no concurrent fallback decision for `key` can come before it.
+    fn seed(&self, local: &Arc<dyn Store>, key: &Key) {
+        let Some(learned) = &self.learned else { return };
+        learned.seed(key, |used| {
+            if let Some(Err(err)) = local.check_now(&self.policy, key, used) {
+                tracing::debug!(policy = self.policy.name(), error = %err,
+                    "cannot seed the local fallback");
+            }
+        });
     }
 
     /// Asks the main store, unless it failed within the cooldown: then the
@@ -569,10 +608,15 @@ impl Limiter {
             return Err(StoreError::cooling_down());
         }
         let (result, waited) = self
-            .within_deadline(self.store.check(&self.policy, key, cost))
+            .within_deadline(self.store.check_before(
+                &self.policy,
+                key,
+                cost,
+                std::time::Instant::now() + self.deadline,
+            ))
             .await;
         self.metrics.store_latency(waited);
-        self.note_failure(&result);
+        self.note_failure(key, &result);
         result
     }
 
@@ -584,7 +628,7 @@ impl Limiter {
         }
         let result = self.store.check_now(&self.policy, key, cost)?;
         self.metrics.store_latency(Stopwatch::idle());
-        self.note_failure(&result);
+        self.note_failure(key, &result);
         Some(result)
     }
 
@@ -595,13 +639,44 @@ impl Limiter {
         skip_until != 0 && monotonic_nanos() < skip_until
     }
 
-    /// Counts a failed main-store call and starts the cooldown.
-    fn note_failure<T>(&self, result: &Result<T, StoreError>) {
-        let Err(err) = result else { return };
-        self.metrics.store_error(err.kind());
+    /// Counts a failed main-store call and starts the cooldown; logs the
+    /// start of an outage (a warning) and its end (an info line), calls in
+    /// between at debug.
+    fn note_failure<T>(&self, key: &Key, result: &Result<T, StoreError>) {
+        let err = match result {
+            Ok(_) => return self.note_answer(),
+            Err(err) => err,
+        };
+        self.note_error(key, err);
         if !self.cooldown.is_zero() {
             let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;
             self.skip_store_until.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// The main store answered: logs the end of an outage, if this ends one.
+    #[inline]
+    fn note_answer(&self) {
+        if let Some((lasted, without)) = self.health.answered() {
+            tracing::info!(
+                policy = self.policy.name(),
+                outage_ms = lasted.as_millis() as u64,
+                decided_without_store = without,
+                "rate limit store answers again"
+            );
+        }
+    }
+
+    /// Counts a failed main-store call (a check, refund or release) and
+    /// logs it: a warning if it starts an outage, else at debug.
+    pub(crate) fn note_error(&self, key: &Key, err: &StoreError) {
+        self.metrics.store_error(err.kind());
+        if self.health.failed() {
+            tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+                "rate limit store failed; applying failure policy until it answers again");
+        } else {
+            tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+                "rate limit store failed");
         }
     }
 

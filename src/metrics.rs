@@ -15,6 +15,13 @@
 //! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on the main store per decision, failures and timeouts included; 0 for an in-process store, which answers without waiting |
 //! | [`tollgate_local_cache_hits_total`](LOCAL_CACHE_HITS) | counter | `policy` | decisions answered from the in-process cache without a store call |
 //! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
+//! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
+//! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
+//!
+//! Store failures are logged by state, not by call: a warning when the
+//! store starts failing, an info line when it answers again; the counters
+//! above count every call in between. `NOSCRIPT` reloads and replica
+//! fallbacks are debug events.
 //!
 //! `outcome` is one of:
 //!
@@ -76,6 +83,23 @@ pub const LOCAL_CACHE_HITS: &str = "tollgate_local_cache_hits_total";
 /// ```
 #[cfg(feature = "metrics")]
 pub const ACTIVE_CALLERS: &str = "tollgate_active_callers";
+
+/// Counter name: `NOSCRIPT` answers after which a script was loaded again,
+/// by `script`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::SCRIPT_RELOADS, "tollgate_script_reloads_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const SCRIPT_RELOADS: &str = "tollgate_script_reloads_total";
+
+/// Counter name: read-only calls a replica failed, sent to the primary.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::REPLICA_FALLBACKS, "tollgate_replica_fallbacks_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const REPLICA_FALLBACKS: &str = "tollgate_replica_fallbacks_total";
 
 /// Histogram buckets (seconds) suited to [`STORE_LATENCY`]: 100 µs to 1 s,
 /// dense around the default 100 ms deadline. Prometheus exporters render
@@ -159,6 +183,16 @@ pub fn describe() {
         LOCAL_CACHE_HITS,
         Unit::Count,
         "Rate limit decisions answered from the in-process cache"
+    );
+    describe_counter!(
+        SCRIPT_RELOADS,
+        Unit::Count,
+        "Scripts loaded again after Redis answered NOSCRIPT"
+    );
+    describe_counter!(
+        REPLICA_FALLBACKS,
+        Unit::Count,
+        "Read-only rate limit calls a replica failed, asked of the primary"
     );
     describe_gauge!(
         ACTIVE_CALLERS,
@@ -352,6 +386,22 @@ pub(crate) fn local_cache_hit(policy: &Policy) {
     ::metrics::counter!(LOCAL_CACHE_HITS, "policy" => policy.shared_name()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = policy;
+}
+
+/// Counts a script loaded again after `NOSCRIPT`.
+#[inline]
+pub(crate) fn script_reload(script: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(SCRIPT_RELOADS, "script" => script).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = script;
+}
+
+/// Counts a read-only call a replica failed, sent to the primary.
+#[inline]
+pub(crate) fn replica_fallback() {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(REPLICA_FALLBACKS).increment(1);
 }
 
 /// Sets the estimate of distinct callers recently seen under `policy`.

@@ -11,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::decision::Receipt;
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::limiter::Limiter;
 use crate::store::Store;
@@ -81,8 +82,7 @@ impl ReleaseGuard {
                     policy = limiter.policy.name(),
                     "rate limit charge released, or queued to be"
                 ),
-                Err(err) => tracing::warn!(policy = limiter.policy.name(), error = %err,
-                    "rate limit release failed; the charge expires in the store instead"),
+                Err(err) => limiter.note_error(&key, &err),
             }
             return;
         }
@@ -98,12 +98,10 @@ impl ReleaseGuard {
             let release = store.refund(policy, &key, &receipt);
             match tokio::time::timeout(limiter.deadline, release).await {
                 Ok(Ok(())) => tracing::trace!(policy = policy.name(), "rate limit charge released"),
-                Ok(Err(err)) => tracing::warn!(policy = policy.name(), error = %err,
-                    "rate limit release failed; the charge expires in the store instead"),
-                Err(_) => tracing::warn!(
-                    policy = policy.name(),
-                    "rate limit release timed out; the charge expires in the store instead"
-                ),
+                // Counted, and logged as the store's failures are: once
+                // per outage. The charge expires in the store instead.
+                Ok(Err(err)) => limiter.note_error(&key, &err),
+                Err(_) => limiter.note_error(&key, &StoreError::timeout()),
             }
         });
         // Polled once here, a release that completes at once needs no task

@@ -850,7 +850,11 @@ fn eval_batch(
     decisions: &[(Vec<String>, Vec<i64>)],
     id_at: impl Fn(&[i64]) -> Option<usize>,
 ) -> (Vec<Reply>, usize, usize) {
-    let (mut keys, mut args) = (Vec::new(), vec![decisions.len().to_string()]);
+    // No deadline ("0"): see lua/batch.lua's ARGV[2].
+    let (mut keys, mut args) = (
+        Vec::new(),
+        vec![decisions.len().to_string(), "0".to_owned()],
+    );
     for (i, (k, a)) in decisions.iter().enumerate() {
         let before = i.checked_sub(1).map(|p| &decisions[p]);
         if before.is_some_and(|(pk, pa)| pk == k && pa == a) {

@@ -267,3 +267,99 @@ async fn a_queued_release_that_fails_is_warned_about() {
     assert!(warning.contains("WRONGTYPE"), "{warning}");
     assert!(!out.contains(&keys[0]), "raw keys stay out of logs: {out}");
 }
+
+/// A store that fails while `down` is set and otherwise decides in memory:
+/// an outage with a start and an end.
+#[derive(Debug, Default)]
+struct Flaky {
+    down: std::sync::atomic::AtomicBool,
+    memory: tollgate::MemoryStore,
+}
+
+impl Flaky {
+    fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Store for Flaky {
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        if self.is_down() {
+            return down();
+        }
+        self.memory.check(policy, key, cost)
+    }
+
+    fn peek<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        if self.is_down() {
+            return down();
+        }
+        self.memory.peek(policy, key)
+    }
+
+    fn refund<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        if self.is_down() {
+            return down();
+        }
+        self.memory.refund(policy, key, receipt)
+    }
+}
+
+/// Issue 19: one warning per failed call flooded the logs (450 lines in a
+/// 5-second freeze under 50 clients). An outage is one warning when it
+/// starts and one info line when it ends, however many calls fail between.
+#[tokio::test]
+async fn an_outage_logs_one_warning_and_one_recovery_not_a_line_per_call() {
+    capture();
+    let store = std::sync::Arc::new(Flaky::default());
+    let many = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1000).unwrap()));
+    let app = app(RateLimitLayer::builder()
+        .policy(many)
+        .shared_store(store.clone())
+        .failure_cooldown(std::time::Duration::ZERO)
+        .build()
+        .unwrap());
+    for outage in 1..=2 {
+        assert_eq!(hit(&app).await, StatusCode::OK);
+        store.set_down(true);
+        for _ in 0..30 {
+            assert_eq!(hit(&app).await, StatusCode::OK);
+        }
+        store.set_down(false);
+        assert_eq!(hit(&app).await, StatusCode::OK);
+        assert_eq!(hit(&app).await, StatusCode::OK);
+
+        let out = captured();
+        let warnings: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warnings.len(), outage, "{out}");
+        assert!(warnings[outage - 1].contains("connection refused"), "{out}");
+        let recoveries: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains(" INFO ") && l.contains("answers again"))
+            .collect();
+        assert_eq!(recoveries.len(), outage, "{out}");
+        assert!(
+            recoveries[outage - 1].contains("decided_without_store=30"),
+            "{out}"
+        );
+        assert!(recoveries[outage - 1].contains("outage_ms="), "{out}");
+    }
+}

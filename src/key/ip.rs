@@ -244,9 +244,13 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     if let Ok(addr) = hop.parse::<SocketAddr>() {
         return Some(addr.ip());
     }
-    hop.strip_prefix('[')
-        .and_then(|rest| rest.split(']').next())
-        .and_then(|inner| inner.parse().ok())
+    // `[v6]` without a port, or with RFC 7239's obfuscated one (`_x`): the
+    // bracket must close, and only a port may follow it.
+    let (inner, after) = hop.strip_prefix('[')?.split_once(']')?;
+    if !(after.is_empty() || after.starts_with(':')) {
+        return None;
+    }
+    inner.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
 }
 
 fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
@@ -347,6 +351,19 @@ mod tests {
         assert!(x.extract(&p).is_err());
         let p = parts("10.0.0.1:1", &[("x-forwarded-for", "")]);
         assert!(x.extract(&p).is_err());
+    }
+
+    #[test]
+    fn unclosed_bracket_hop_is_refused_not_read_as_its_address() {
+        let x = ForwardedIp::trusting(["10.0.0.0/8"]).unwrap();
+        for hop in ["[::1", "[::1:80", "[::1]x", "[1.2.3.4]"] {
+            let p = parts("10.0.0.1:1", &[("x-forwarded-for", hop)]);
+            assert!(x.extract(&p).is_err(), "{hop:?} was read as an address");
+        }
+        for (hop, ip) in [("[::1]", "ip:::1"), ("[::1]:80", "ip:::1")] {
+            let p = parts("10.0.0.1:1", &[("x-forwarded-for", hop)]);
+            assert_eq!(key(&x.clone().ipv6_prefix(128).unwrap(), &p), ip, "{hop:?}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! high-volume mode lives in this module and in [`throttle`](crate::throttle).
 
 mod cache;
+pub(crate) mod seed;
 
 pub use self::cache::LocalCache;
 

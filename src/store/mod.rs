@@ -18,6 +18,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
@@ -54,6 +55,37 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         key: &'a Key,
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// [`check`](Store::check) for a caller that stops waiting at
+    /// `deadline`: a store that can tell the call reached it later charges
+    /// nothing and answers with an error, for the caller has decided
+    /// without it by then. The default is `check`.
+    ///
+    /// The Redis store sends the deadline in Redis time, from the offset
+    /// between this machine's clock and the `now` of Redis's replies.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::{Duration, Instant}};
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    ///
+    /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap()));
+    /// let deadline = Instant::now() + Duration::from_millis(100);
+    /// let store = MemoryStore::new(); // in process: never late
+    /// let decision = store.check_before(&policy, &Key::new("bob"), 1, deadline).await;
+    /// assert!(decision.unwrap().allowed);
+    /// # }
+    /// ```
+    fn check_before<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let _ = deadline;
+        self.check(policy, key, cost)
+    }
 
     /// Reports the current state without charging or writing anything.
     fn peek<'a>(
@@ -134,6 +166,16 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         (**self).check(policy, key, cost)
+    }
+
+    fn check_before<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).check_before(policy, key, cost, deadline)
     }
 
     fn peek<'a>(

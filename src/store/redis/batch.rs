@@ -89,6 +89,9 @@ struct Job {
     /// timeout, and ahead of the charges queued beside it, since it only
     /// frees room.
     gives_back: bool,
+    /// A charge's `until` (lua/timed.lua), 0 for none: kept apart from
+    /// `args`, so a flood's decisions still repeat the one before.
+    until: i64,
 }
 
 /// A decision script's integers, or why there are none.
@@ -129,14 +132,16 @@ impl Batcher {
 
     /// Runs the charging `script` with `keys` and `args`, alone or in a
     /// batch: the integers it returns. Dropped while queued (its request gave
-    /// up), the charge is never sent.
+    /// up), the charge is never sent; reaching Redis after `until` (store
+    /// time, µs; 0 for none), it charges nothing (lua/timed.lua).
     pub(crate) fn eval(
         &self,
         script: &'static LuaScript,
         keys: KeyList,
         args: Args,
+        until: i64,
     ) -> impl std::future::Future<Output = Answer> + Send + '_ {
-        self.run(script, keys, args, false)
+        self.run(script, keys, args, false, until)
     }
 
     /// Runs a give-back `script` (a concurrency slot's release) as
@@ -149,7 +154,7 @@ impl Batcher {
         keys: KeyList,
         args: Args,
     ) -> impl std::future::Future<Output = Answer> + Send + '_ {
-        self.run(script, keys, args, true)
+        self.run(script, keys, args, true, 0)
     }
 
     /// Whether every slot is taken, so that a call would queue (a hint: it
@@ -175,7 +180,7 @@ impl Batcher {
             return false;
         }
         // No one listens for the answer: `deliver` logs a failure.
-        drop(state.enqueue(script, keys, args, true));
+        drop(state.enqueue(script, keys, args, true, 0));
         true
     }
 
@@ -190,8 +195,9 @@ impl Batcher {
         &self,
         script: &'static LuaScript,
         keys: KeyList,
-        args: Args,
+        mut args: Args,
         gives_back: bool,
+        until: i64,
     ) -> impl std::future::Future<Output = Answer> + Send + '_ {
         // A pass that holds a slot must outlive its caller: what gives it
         // back if the caller goes before reading it.
@@ -207,10 +213,14 @@ impl Batcher {
             let mut state = self.shared.lock();
             if state.in_flight < self.shared.max_in_flight {
                 state.in_flight += 1;
+                if !gives_back {
+                    // Alone, a charge takes its `until` last (lua/timed.lua).
+                    args.push(until);
+                }
                 // Hands the slot on when the call ends, or is cancelled.
                 Route::Alone(keys, args, Slot(self.shared.clone()))
             } else {
-                let answer = state.enqueue(script, keys, args, gives_back);
+                let answer = state.enqueue(script, keys, args, gives_back, until);
                 Route::Queued(Answered {
                     answer,
                     held: held.take(),
@@ -256,6 +266,7 @@ impl State {
         keys: KeyList,
         args: Args,
         gives_back: bool,
+        until: i64,
     ) -> oneshot::Receiver<Answer> {
         let (reply, answer) = oneshot::channel();
         self.queue.push(Job {
@@ -264,6 +275,7 @@ impl State {
             args,
             reply,
             gives_back,
+            until,
         });
         answer
     }
@@ -507,7 +519,10 @@ async fn send_one_script(
     let mut unheard = Vec::new();
     let batch = SCRIPTS.batch_of(script);
     let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
-        for job in jobs {
+        for mut job in jobs {
+            if !job.gives_back {
+                job.args.push(job.until);
+            }
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
             let answer = reply.map_err(StoreError::from).and_then(reply::integers);
             unheard.extend(deliver(job, answer));
@@ -537,8 +552,17 @@ async fn send_one_script(
             keys.extend(job.keys.drain(..));
         }
     }
-    let mut args = Vec::with_capacity(1 + jobs.len() * 6);
+    let mut args = Vec::with_capacity(2 + jobs.len() * 6);
     args.push(Part::Count(jobs.len()));
+    // The earliest deadline of its charges (see lua/batch.lua): a batch
+    // that comes later than its first request waits charges none.
+    let until = jobs
+        .iter()
+        .filter(|j| !j.gives_back && j.until > 0)
+        .map(|j| j.until)
+        .min()
+        .unwrap_or(0);
+    args.push(Part::Int(until));
     for ((job, repeat), &nk) in jobs.iter().zip(&repeats).zip(&key_counts) {
         match repeat {
             Repeat::All => args.push(Part::Text("=")),
@@ -592,6 +616,7 @@ fn deliver(job: Job, answer: Answer) -> Option<Unheard> {
         args,
         reply,
         gives_back,
+        ..
     } = job;
     match reply.send(answer) {
         Ok(()) => None,
@@ -634,7 +659,7 @@ impl Shared {
                 script = script.name,
                 "a request gave up on a slot it took; giving it back"
             );
-            drop(state.enqueue(script, keys, args, true));
+            drop(state.enqueue(script, keys, args, true, 0));
         }
     }
 }
@@ -804,7 +829,7 @@ mod tests {
     fn a_batch_freed_with_no_runtime_fails_its_calls_and_frees_its_slot() {
         let batcher = unreachable_batcher();
         let script = &SCRIPTS.concurrency_release;
-        let call = || batcher.eval(script, KeyList::new(), Args::new());
+        let call = || batcher.eval(script, KeyList::new(), Args::new(), 0);
         // Every slot taken by a call made (not yet sent), then one queued.
         let mut alone: Vec<_> = (0..MAX_IN_FLIGHT.get()).map(|_| Box::pin(call())).collect();
         assert!(batcher.is_busy());

@@ -190,6 +190,7 @@ pub(crate) async fn eval<A: ToRedisArgs>(
                 script = script.name,
                 "NOSCRIPT on a cluster node: sending the source"
             );
+            crate::metrics::script_reload(script.name);
             with_source = true;
             continue;
         }

@@ -15,8 +15,9 @@ pub use self::sentinel::SentinelConfig;
 pub use self::shards::{Shard, ShardedConfig};
 
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_redis::Pool;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -81,6 +82,45 @@ struct Inner {
     /// Sends concurrent charging calls together: one per server (a shard's
     /// primary) or, on a cluster, per set of keys; none when batching is off.
     batchers: Batchers,
+    /// Redis time minus this machine's monotonic time, learnt from replies:
+    /// how a request's deadline is told to the scripts.
+    offset: ClockOffset,
+}
+
+/// The offset between Redis's clock and this machine's monotonic one, µs,
+/// from the `now` each reply carries: Redis time when the script ran, less
+/// the local time its reply arrived. A reply's travel makes each sample
+/// early by its latency, so the largest is kept; one a second or more below
+/// it means Redis's clock jumped back (a failover to another machine) and
+/// replaces it.
+#[derive(Debug)]
+struct ClockOffset(AtomicI64);
+
+impl ClockOffset {
+    const UNKNOWN: i64 = i64::MIN;
+
+    fn observe(&self, redis_now: i64) {
+        let sample = redis_now.saturating_sub(local_micros(Instant::now()));
+        let known = self.0.load(Ordering::Relaxed);
+        if sample > known || sample < known.saturating_sub(1_000_000) {
+            self.0.store(sample, Ordering::Relaxed);
+        }
+    }
+
+    /// `deadline` in Redis time, µs; 0 (none) before the first reply.
+    fn redis_time(&self, deadline: Instant) -> i64 {
+        match self.0.load(Ordering::Relaxed) {
+            Self::UNKNOWN => 0,
+            offset => local_micros(deadline).saturating_add(offset).max(1),
+        }
+    }
+}
+
+/// `at` in µs on this process's monotonic clock.
+fn local_micros(at: Instant) -> i64 {
+    int(at
+        .saturating_duration_since(*crate::failure::EPOCH)
+        .as_micros())
 }
 
 /// Options for a [`RedisStore`]; made by its `from_*` constructors.
@@ -283,6 +323,7 @@ impl RedisStoreBuilder {
                 clock: self.clock,
                 pre_check: self.pre_check,
                 scripting: Arc::new(Scripting::new(self.version)),
+                offset: ClockOffset(AtomicI64::new(ClockOffset::UNKNOWN)),
             }),
         })
     }
@@ -457,21 +498,38 @@ impl RedisStore {
         }
     }
 
+    /// `deadline` as the scripts' `until`: store time, µs, after which a
+    /// charge is no longer wanted; 0 for none (no deadline, or no estimate
+    /// of Redis time yet).
+    fn until(&self, deadline: Option<Instant>) -> i64 {
+        let Some(deadline) = deadline else { return 0 };
+        match &self.inner.clock {
+            // The clock the scripts are given: its now, plus the time left.
+            Some(clock) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                int(clock.now_micros()).saturating_add(int(left.as_micros()))
+            }
+            None => self.inner.offset.redis_time(deadline),
+        }
+    }
+
     async fn decide(
         &self,
         policy: &Policy,
         key: &Key,
         cost: u64,
         read_only: bool,
+        until: i64,
     ) -> Result<Decision, StoreError> {
-        let (script, keys, args) = self.call_for(policy, key, cost, read_only);
+        let (script, keys, mut args) = self.call_for(policy, key, cost, read_only);
         let batcher = match read_only {
             true => None,
             false => self.batcher_for(&keys),
         };
         let reply = match batcher {
-            Some(batcher) => batcher.eval(script, keys, args).await?,
+            Some(batcher) => batcher.eval(script, keys, args, until).await?,
             None if !read_only && SCRIPTS.give_back_of(script, &args).is_some() => {
+                args.push(until);
                 batch::eval_holding(&self.inner.conn, script, keys, args).await?
             }
             None if read_only => reply::integers(
@@ -480,8 +538,20 @@ impl RedisStore {
                     .eval_read_only(&self.inner.conn, script, &keys, &args)
                     .await?,
             )?,
-            None => reply::integers(self.inner.conn.eval(script, &keys, &args, false).await?)?,
+            None => {
+                // A charging script takes its `until` last (lua/timed.lua).
+                args.push(until);
+                reply::integers(self.inner.conn.eval(script, &keys, &args, false).await?)?
+            }
         };
+        let now_at = if reply.first() == Some(&reply::LATE) {
+            1
+        } else {
+            5
+        };
+        if let Some(&now) = reply.get(now_at) {
+            self.inner.offset.observe(now);
+        }
         let decision = match policy.strategy() {
             Strategy::LeakyBucket { .. } => reply::shaped(reply, cost),
             _ => reply::decision(reply, cost),
@@ -692,6 +762,33 @@ fn stamps(receipt: &Receipt) -> impl Iterator<Item = String> + '_ {
     receipt.stamps().iter().map(u64::to_string)
 }
 
+impl RedisStore {
+    /// A charging decision, with a pre-check first if configured; a call
+    /// that reaches Redis after `deadline` charges nothing.
+    async fn charge(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Decision, StoreError> {
+        {
+            if self.inner.pre_check && cost > 0 && policy.strategy().rejection_is_stable() {
+                match self.decide(policy, key, cost, true, 0).await {
+                    Ok(decision) if !decision.allowed => return Ok(decision),
+                    Ok(_) => {}
+                    Err(err) => {
+                        crate::metrics::replica_fallback();
+                        tracing::debug!(error = %err, "pre-check failed; asking the primary")
+                    }
+                }
+            }
+            self.decide(policy, key, cost, false, self.until(deadline))
+                .await
+        }
+    }
+}
+
 impl Store for RedisStore {
     fn check<'a>(
         &'a self,
@@ -699,18 +796,17 @@ impl Store for RedisStore {
         key: &'a Key,
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            if self.inner.pre_check && cost > 0 && policy.strategy().rejection_is_stable() {
-                match self.decide(policy, key, cost, true).await {
-                    Ok(decision) if !decision.allowed => return Ok(decision),
-                    Ok(_) => {}
-                    Err(err) => {
-                        tracing::debug!(error = %err, "pre-check failed; asking the primary")
-                    }
-                }
-            }
-            self.decide(policy, key, cost, false).await
-        })
+        Box::pin(self.charge(policy, key, cost, None))
+    }
+
+    fn check_before<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.charge(policy, key, cost, Some(deadline)))
     }
 
     fn peek<'a>(
@@ -718,7 +814,7 @@ impl Store for RedisStore {
         policy: &'a Policy,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.decide(policy, key, 0, true))
+        Box::pin(self.decide(policy, key, 0, true, 0))
     }
 
     fn refund<'a>(

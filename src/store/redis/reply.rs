@@ -79,8 +79,16 @@ fn integers_of(words: &[u8]) -> Ints {
         .collect()
 }
 
+/// A charging script's first integer when it ran after its deadline and
+/// wrote nothing (`lua/timed.lua`, `lua/batch.lua`); the store's `now`
+/// follows.
+pub(crate) const LATE: i64 = -2;
+
 /// Decodes the shared reply head, with the remaining integers as the receipt.
 pub(crate) fn decision(ints: Ints, cost: u64) -> Result<Decision, StoreError> {
+    if ints.first() == Some(&LATE) {
+        return Err(StoreError::late());
+    }
     if ints.len() < HEAD || ints[..HEAD].iter().skip(1).any(|&i| i < -1) {
         return Err(StoreError::protocol(format!(
             "malformed decision reply {ints:?}"

@@ -33,9 +33,18 @@ impl LuaScript {
         self.plain.as_deref().unwrap_or(self)
     }
 
-    /// A decision script whose integers come back packed in one string
-    /// (`lua/packed.lua`), which the client reads without a parser.
+    /// A charging decision script whose integers come back packed in one
+    /// string, which the client reads without a parser, and which charges
+    /// nothing when it runs after the time its last argument gives
+    /// (`lua/timed.lua`).
     pub(crate) fn decision(name: &'static str, source: &str) -> Self {
+        Self::new(name, timed(source))
+    }
+
+    /// A script whose integers come back packed in one string
+    /// (`lua/packed.lua`), with no time to keep: a give-back, which is
+    /// right however late it runs.
+    pub(crate) fn packed(name: &'static str, source: &str) -> Self {
         Self::new(name, packed(source))
     }
 
@@ -123,6 +132,7 @@ impl LuaScript {
             script = self.name,
             "NOSCRIPT: loading the script and retrying once"
         );
+        crate::metrics::script_reload(self.name);
         let _: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(&self.source)
@@ -166,6 +176,11 @@ fn as_function(name: &str, source: &str) -> String {
 /// `source` as the function `decide`, its reply packed by `lua/packed.lua`.
 fn packed(source: &str) -> String {
     as_function("decide", source) + include_str!("../../../lua/packed.lua")
+}
+
+/// `source` as the function `decide`, run by `lua/timed.lua`.
+fn timed(source: &str) -> String {
+    as_function("decide", source) + include_str!("../../../lua/timed.lua")
 }
 
 /// Every script this crate runs.
@@ -325,11 +340,10 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let batches = checks
         .iter()
         .map(|&(name, source)| {
-            let sha = LuaScript::decision(name, source).sha;
-            let own = if name == "concurrency_release" {
-                "concurrency"
+            let (sha, own) = if name == "concurrency_release" {
+                (LuaScript::packed(name, source).sha, "concurrency")
             } else {
-                name
+                (LuaScript::decision(name, source).sha, name)
             };
             let batch = match OWN_BATCHES.iter().find(|own_batch| own_batch.0 == own) {
                 Some(&(_, batch, source)) => LuaScript::batch_with(batch, source),
@@ -374,6 +388,6 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         ),
         concurrency: LuaScript::decision("concurrency", concurrency),
         concurrency_peek: LuaScript::dry_run("concurrency_peek", concurrency),
-        concurrency_release: LuaScript::decision("concurrency_release", concurrency_release),
+        concurrency_release: LuaScript::packed("concurrency_release", concurrency_release),
     }
 });

@@ -365,6 +365,7 @@ impl SentinelConnection {
         match script.eval(&mut conn, keys, args, true).await {
             Ok(value) => Some(value),
             Err(err) => {
+                crate::metrics::replica_fallback();
                 tracing::debug!(master = self.master_name, error = %err,
                     "a replica failed a read; asking the primary");
                 if !matches!(

@@ -244,12 +244,15 @@ impl Shards {
                 .await
             {
                 Ok(value) => return Ok(value),
-                Err(err) => tracing::debug!(
+                Err(err) => {
+                    crate::metrics::replica_fallback();
+                    tracing::debug!(
                     shard = node.name,
                     replica = i,
                     error = %err,
                     "replica failed a peek; asking the primary"
-                ),
+                    )
+                }
             }
         }
         script
