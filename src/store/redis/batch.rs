@@ -214,8 +214,7 @@ impl Batcher {
             if state.in_flight < self.shared.max_in_flight {
                 state.in_flight += 1;
                 if !gives_back {
-                    // Alone, a charge takes its `until` last (lua/timed.lua).
-                    args.push(until);
+                    with_until(&mut args, until);
                 }
                 // Hands the slot on when the call ends, or is cancelled.
                 Route::Alone(keys, args, Slot(self.shared.clone()))
@@ -521,7 +520,7 @@ async fn send_one_script(
     let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
         for mut job in jobs {
             if !job.gives_back {
-                job.args.push(job.until);
+                with_until(&mut job.args, job.until);
             }
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
             let answer = reply.map_err(StoreError::from).and_then(reply::integers);
@@ -804,6 +803,18 @@ fn answers(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
         )));
     }
     Ok(answers)
+}
+
+/// A lone charge's arguments with its `until` (lua/timed.lua): folded into
+/// `now` (`ARGV[1]`), which then reads `-until` instead of -1 (Redis TIME),
+/// so the deadline costs Redis no argument of its own. A store with a clock
+/// of its own sends its `now` and keeps no deadline in lone calls.
+pub(crate) fn with_until(args: &mut [i64], until: i64) {
+    if let Some(now) = args.first_mut() {
+        if *now == -1 && until > 1 {
+            *now = -until;
+        }
+    }
 }
 
 #[cfg(test)]

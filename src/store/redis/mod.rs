@@ -529,7 +529,7 @@ impl RedisStore {
         let reply = match batcher {
             Some(batcher) => batcher.eval(script, keys, args, until).await?,
             None if !read_only && SCRIPTS.give_back_of(script, &args).is_some() => {
-                args.push(until);
+                batch::with_until(&mut args, until);
                 batch::eval_holding(&self.inner.conn, script, keys, args).await?
             }
             None if read_only => reply::integers(
@@ -539,8 +539,7 @@ impl RedisStore {
                     .await?,
             )?,
             None => {
-                // A charging script takes its `until` last (lua/timed.lua).
-                args.push(until);
+                batch::with_until(&mut args, until);
                 reply::integers(self.inner.conn.eval(script, &keys, &args, false).await?)?
             }
         };
