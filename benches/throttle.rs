@@ -7,7 +7,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tollgate::{Key, ManualClock, Throttle};
+use tollgate::clock::ManualClock;
+use tollgate::throttle::Throttle;
+use tollgate::Key;
 
 const CALLERS: usize = 100_000;
 

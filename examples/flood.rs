@@ -34,9 +34,9 @@ use axum::routing::get;
 use axum::Router;
 use redis_support::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate::{
-    HeaderKey, LocalCache, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Throttle,
-};
+use tollgate::layer::LocalCache;
+use tollgate::throttle::Throttle;
+use tollgate::{HeaderKey, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore};
 use tower::ServiceExt;
 
 /// Client-sent calls per command (Lua's own commands are counted apart by

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::{start_replica_of, RedisCluster, RedisServer};
-use tollgate::{Key, Policy, Quota, RedisStore, Shard, Store};
+use tollgate::store::Shard;
+use tollgate::{Key, Policy, Quota, RedisStore, Store};
 
 /// Commands our scripts run inside Redis, and what replicas and this
 /// program's own bookkeeping send to primaries: not what a decision costs a

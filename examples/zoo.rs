@@ -76,9 +76,10 @@ mod holding;
 #[path = "zoo_parts/instant.rs"]
 mod instant;
 
+use tollgate::headers::RateLimitHeaders;
 use tollgate::{
-    ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitHeaders,
-    RateLimitLayer, RedisStore, Store,
+    ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
+    RedisStore, Store,
 };
 
 const ETAG: &str = "\"tiger-feeding-v1\"";

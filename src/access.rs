@@ -32,7 +32,8 @@ use crate::key::{parse_networks, peer, ForwardedIp, PeerIp};
 /// ```
 /// use std::net::{IpAddr, SocketAddr};
 /// use axum::{extract::ConnectInfo, http::{request::Parts, Request}};
-/// use tollgate::{ClientIp, ForwardedIp, PeerIp};
+/// use tollgate::{ForwardedIp, PeerIp};
+/// use tollgate::access::ClientIp;
 ///
 /// let mut req = Request::get("/").header("x-forwarded-for", "203.0.113.9").body(()).unwrap();
 /// req.extensions_mut().insert(ConnectInfo("10.0.0.1:5000".parse::<SocketAddr>().unwrap()));

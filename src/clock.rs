@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// double exactly (2^53 µs is about 285 years).
 ///
 /// ```
-/// use tollgate::{Clock, SystemClock};
+/// use tollgate::clock::{Clock, SystemClock};
 /// assert!(SystemClock.now_micros() > 1_600_000_000_000_000);
 /// ```
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
@@ -28,7 +28,7 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// The operating system's wall clock.
 ///
 /// ```
-/// use tollgate::{Clock, SystemClock};
+/// use tollgate::clock::{Clock, SystemClock};
 /// let a = SystemClock.now_micros();
 /// assert!(SystemClock.now_micros() >= a);
 /// ```
@@ -50,7 +50,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{Clock, ManualClock};
+/// use tollgate::clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new(1_000_000);
 /// let shared = clock.clone();

@@ -164,7 +164,8 @@ impl Decision {
 /// in `X-RateLimit-Scope`.
 ///
 /// ```
-/// use tollgate::{Decision, Scope};
+/// use tollgate::Decision;
+/// use tollgate::decision::Scope;
 /// let d = Decision::rejected(100, 100, 10_000_000, 1_000_000, 9_000_000).scoped(Scope::Resource);
 /// assert_eq!(d.scope.as_str(), "resource");
 /// assert_eq!(Scope::default(), Scope::Consumer);
@@ -196,7 +197,7 @@ impl Scope {
 /// window rolled over changes nothing.
 ///
 /// ```
-/// use tollgate::Receipt;
+/// use tollgate::decision::Receipt;
 /// let r = Receipt::new(1, vec![10_000_000]);
 /// assert_eq!(r.cost(), 1);
 /// assert!(!r.is_empty());
@@ -271,10 +272,12 @@ impl Stamps {
         }
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn len(&self) -> usize {
         self.as_slice().len()
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// Takes the last stamp off (a reply that carries more than stamps).
     pub(crate) fn pop(&mut self) -> Option<u64> {
         match self {

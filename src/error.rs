@@ -89,7 +89,7 @@ impl StoreErrorKind {
     /// A short stable name for logs and metric labels.
     ///
     /// ```
-    /// assert_eq!(tollgate::StoreErrorKind::Timeout.as_str(), "timeout");
+    /// assert_eq!(tollgate::error::StoreErrorKind::Timeout.as_str(), "timeout");
     /// ```
     pub fn as_str(self) -> &'static str {
         match self {
@@ -105,7 +105,8 @@ impl StoreErrorKind {
 /// A store could not decide. The cause is kept as the error's `source`.
 ///
 /// ```
-/// use tollgate::{StoreError, StoreErrorKind};
+/// use tollgate::StoreError;
+/// use tollgate::error::StoreErrorKind;
 /// let err = StoreError::timeout();
 /// assert_eq!(err.kind(), StoreErrorKind::Timeout);
 /// ```
@@ -132,6 +133,7 @@ impl StoreError {
         }
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The store ran the call after its deadline and charged nothing.
     pub(crate) fn late() -> Self {
         Self::new(
@@ -176,6 +178,7 @@ impl StdError for StoreError {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<redis::RedisError> for StoreError {
     fn from(err: redis::RedisError) -> Self {
         let kind = if err.is_timeout() {

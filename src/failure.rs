@@ -26,7 +26,7 @@ use crate::store::{MemoryStore, Store};
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Let the request through, marked with `X-RateLimit-Fallback: open`
-    /// and a [`StoreUnavailable`](crate::StoreUnavailable) request extension.
+    /// and a [`Fallback`](crate::layer::Fallback) request extension.
     Open,
     /// Answer `503 Service Unavailable` with this `Retry-After`.
     Closed {
@@ -41,8 +41,7 @@ pub enum FailurePolicy {
     /// A key's first local decision starts from what the main store last
     /// said was spent in its open window (charged to this store first, if it
     /// answers at once as the memory store does), so the switch hands out no
-    /// fresh budget; the README's failure policy says what holds per
-    /// strategy.
+    /// fresh budget; `docs/operations.md` says what holds per strategy.
     Local(Arc<dyn Store>),
 }
 

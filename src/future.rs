@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: the future [`RateLimit`](crate::RateLimit) returns.
+//! [`ResponseFuture`]: the future [`RateLimit`](crate::layer::RateLimit) returns.
 
 use std::fmt;
 use std::future::Future;

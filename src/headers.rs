@@ -31,7 +31,7 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 ///   where `t` is seconds until reset, a delta, rounded up.
 ///
 /// ```
-/// use tollgate::RateLimitHeaders;
+/// use tollgate::headers::RateLimitHeaders;
 /// let both = RateLimitHeaders::GITHUB.with_ietf_draft(true);
 /// assert!(both.ietf_draft() && both.github());
 /// assert!(!RateLimitHeaders::NONE.github());

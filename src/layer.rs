@@ -1,4 +1,10 @@
-//! [`RateLimitLayer`] and its builder: configuration only, cheap to clone.
+//! [`RateLimitLayer`] and its builder: configuration only, cheap to clone;
+//! the service and future it makes, and what it leaves on a request.
+
+pub use crate::future::ResponseFuture;
+pub use crate::limiter::Fallback;
+pub use crate::local::LocalCache;
+pub use crate::service::RateLimit;
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,7 +24,6 @@ use crate::limiter::Limiter;
 use crate::local::seed::{self, Learned};
 use crate::metrics::PolicyMetrics;
 use crate::quota::Policy;
-use crate::service::RateLimit;
 use crate::store::{MemoryStore, Store};
 
 /// How long a decision may take before the failure policy applies.
@@ -501,11 +506,12 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    #[cfg(feature = "throttle")]
     /// Throttling mode: while more callers are active than the throttle's
     /// threshold, callers new to the window get `limited_status` (429) with
     /// `Retry-After`, before any store call; those in a session go on to the
-    /// policy as usual. Keep the throttle's [`SyncTask`](crate::SyncTask)
-    /// running. See [`Throttle`](crate::Throttle).
+    /// policy as usual. Keep the throttle's [`SyncTask`](crate::throttle::SyncTask)
+    /// running. See [`Throttle`](crate::throttle::Throttle).
     ///
     /// An option here rather than a layer of its own, so the gate and the
     /// limit identify a caller once, with one key extractor, and answer in
@@ -513,7 +519,8 @@ impl RateLimitLayerBuilder {
     ///
     /// ```
     /// use std::num::NonZeroU32;
-    /// use tollgate::{Policy, Quota, RateLimitLayer, Throttle};
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    /// use tollgate::throttle::Throttle;
     ///
     /// let throttle = Throttle::builder("sessions").threshold(50_000).build().unwrap();
     /// let layer = RateLimitLayer::builder()
@@ -529,7 +536,7 @@ impl RateLimitLayerBuilder {
 
     /// Rejects keys the store has found exhausted in this process until they
     /// free up, without a store call and with the same response. Off by
-    /// default. See [`LocalCache`](crate::LocalCache) for which strategies
+    /// default. See [`LocalCache`](crate::layer::LocalCache) for which strategies
     /// use it and its sharp edges.
     pub fn local_cache(mut self, cache: crate::local::LocalCache) -> Self {
         self.local.set_cache(cache);

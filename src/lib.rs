@@ -37,56 +37,46 @@
 //! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
 //! # let _ = app; }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
-mod access;
-mod clock;
-mod decision;
-mod error;
+pub mod access;
+pub mod clock;
+pub mod decision;
+pub mod error;
 mod failure;
 mod future;
-mod headers;
-mod key;
-mod layer;
+pub mod headers;
+pub mod key;
+pub mod layer;
 mod limiter;
 mod local;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+#[cfg(feature = "queue")]
 pub mod queue;
 mod quota;
 mod release;
 mod response;
 mod service;
-mod store;
+pub mod store;
 mod strategy;
-mod throttle;
+#[cfg(feature = "throttle")]
+pub mod throttle;
 
-pub use access::ClientIp;
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, Receipt, Scope};
-pub use error::{ConfigError, KeyError, StoreError, StoreErrorKind};
+pub use decision::Decision;
+pub use error::{ConfigError, KeyError, StoreError};
 pub use failure::FailurePolicy;
-pub use future::ResponseFuture;
-pub use headers::RateLimitHeaders;
-pub use key::{
-    And, ForwardedHeader, ForwardedIp, HeaderKey, Key, KeyExtractor, Or, PeerIp, RouteKey,
-};
-pub use layer::{
-    PeekError, RateLimitLayer, RateLimitLayerBuilder, DEFAULT_COOLDOWN, DEFAULT_DEADLINE,
-};
-pub use limiter::StoreUnavailable;
-pub use local::LocalCache;
+pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use quota::{Policy, Quota};
-pub use service::RateLimit;
-pub use store::{
-    BoxFuture, ClusterConfig, MemoryStore, RedisStore, RedisStoreBuilder, SentinelConfig, Shard,
-    ShardedConfig, Store,
-};
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
+pub use store::{MemoryStore, Store};
 pub use strategy::Strategy;
-pub use throttle::{SyncReport, SyncTask, Throttle, ThrottleBuilder, ThrottleStats};
 
 /// The README's examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]

@@ -37,12 +37,13 @@ pub(crate) type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 /// let through or decided locally, so handlers can tell.
 ///
 /// ```
-/// use tollgate::{StoreErrorKind, StoreUnavailable};
-/// let marker = StoreUnavailable { kind: StoreErrorKind::Timeout };
+/// use tollgate::error::StoreErrorKind;
+/// use tollgate::layer::Fallback;
+/// let marker = Fallback { kind: StoreErrorKind::Timeout };
 /// assert_eq!(marker.kind.as_str(), "timeout");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreUnavailable {
+pub struct Fallback {
     /// What went wrong with the store.
     pub kind: StoreErrorKind,
 }
@@ -312,7 +313,7 @@ impl Limiter {
     ) -> Result<(&Arc<dyn Store>, StoreErrorKind), Decided> {
         self.health.decided_without_store();
         let kind = err.kind();
-        parts.extensions.insert(StoreUnavailable { kind });
+        parts.extensions.insert(Fallback { kind });
         match &self.failure {
             FailurePolicy::Open => Err((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)),
             // Shadow mode never rejects: fail open instead.
@@ -557,8 +558,11 @@ impl Limiter {
     /// failure policy: while the main store fails (or within the cooldown
     /// after it did), a local fallback answers, and the decision says so
     /// ([`Decision::fallback`]); other policies have no state to show.
-    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::PeekError> {
-        let key = self.key.extract(parts).map_err(crate::PeekError::Key)?;
+    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::layer::PeekError> {
+        let key = self
+            .key
+            .extract(parts)
+            .map_err(crate::layer::PeekError::Key)?;
         let err = if self.cooling_down() {
             StoreError::cooling_down()
         } else {
@@ -569,7 +573,7 @@ impl Limiter {
             }
         };
         let FailurePolicy::Local(local) = &self.failure else {
-            return Err(crate::PeekError::Store(err));
+            return Err(crate::layer::PeekError::Store(err));
         };
         tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err,
             "rate limit store failed a peek; answering from the local fallback");
@@ -580,7 +584,7 @@ impl Limiter {
                 decision.fallback = true;
                 Ok(decision)
             }
-            Err(_) => Err(crate::PeekError::Store(err)),
+            Err(_) => Err(crate::layer::PeekError::Store(err)),
         }
     }
 

@@ -14,7 +14,7 @@
 //! | [`tollgate_store_errors_total`](STORE_ERRORS) | counter | `policy`, `kind` | store calls (checks and refunds) that failed or missed the deadline; `kind` is `timeout`, `unavailable`, `protocol` or `rejected` |
 //! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on the main store per decision, failures and timeouts included; 0 for an in-process store, which answers without waiting |
 //! | [`tollgate_local_cache_hits_total`](LOCAL_CACHE_HITS) | counter | `policy` | decisions answered from the in-process cache without a store call |
-//! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
+//! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::throttle::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
 //! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
 //! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
 //!
@@ -36,7 +36,7 @@
 //! | `fallback` | passed: the store failed and the local fallback said yes | same |
 //! | `allow_listed` | passed without asking the store | same |
 //! | `deny_listed` | rejected without asking the store | same: deny lists are enforced |
-//! | `throttled` | rejected (429) without asking the store: a new caller while [throttling](crate::Throttle) | passes on to the limit; see `Throttle::stats().refused` |
+//! | `throttled` | rejected (429) without asking the store: a new caller while [throttling](crate::throttle::Throttle) | passes on to the limit; see `Throttle::stats().refused` |
 //!
 //! Labels are bounded: `policy` is a policy's name, never a caller's key.
 //! Handles are cached per layer, so counting a request allocates nothing.
@@ -388,6 +388,7 @@ pub(crate) fn local_cache_hit(policy: &Policy) {
     let _ = policy;
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// Counts a script loaded again after `NOSCRIPT`.
 #[inline]
 pub(crate) fn script_reload(script: &'static str) {
@@ -397,6 +398,7 @@ pub(crate) fn script_reload(script: &'static str) {
     let _ = script;
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// Counts a read-only call a replica failed, sent to the primary.
 #[inline]
 pub(crate) fn replica_fallback() {
@@ -404,6 +406,7 @@ pub(crate) fn replica_fallback() {
     ::metrics::counter!(REPLICA_FALLBACKS).increment(1);
 }
 
+#[cfg_attr(not(feature = "throttle"), allow(dead_code))]
 /// Sets the estimate of distinct callers recently seen under `policy`.
 #[inline]
 pub(crate) fn active_callers(policy: &Policy, estimate: f64) {

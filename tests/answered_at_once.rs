@@ -17,9 +17,12 @@ use tower::ServiceExt;
 mod support;
 
 use support::counting::Counting;
+use tollgate::clock::ManualClock;
+use tollgate::decision::Receipt;
+use tollgate::error::StoreErrorKind;
+use tollgate::store::BoxFuture;
 use tollgate::{
-    BoxFuture, Decision, FailurePolicy, Key, ManualClock, MemoryStore, Policy, Quota,
-    RateLimitLayer, Receipt, Store, StoreError, StoreErrorKind,
+    Decision, FailurePolicy, Key, MemoryStore, Policy, Quota, RateLimitLayer, Store, StoreError,
 };
 
 /// Answers at once through a memory store; its awaited methods only count

@@ -5,7 +5,8 @@
 mod support;
 
 use support::conformance::{Backend, T0};
-use tollgate::{ManualClock, MemoryStore, RedisStore};
+use tollgate::clock::ManualClock;
+use tollgate::{MemoryStore, RedisStore};
 
 async fn memory() -> Backend {
     let clock = ManualClock::new(T0);

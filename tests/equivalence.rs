@@ -12,9 +12,9 @@ use proptest::prelude::*;
 use redis::aio::ConnectionManager;
 use support::conformance::T0;
 use tokio::runtime::Runtime;
-use tollgate::{
-    Decision, Key, ManualClock, MemoryStore, Policy, Quota, Receipt, RedisStore, Store,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Receipt;
+use tollgate::{Decision, Key, MemoryStore, Policy, Quota, RedisStore, Store};
 
 /// One runtime for every case, so the shared connection's tasks keep running.
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {

@@ -13,10 +13,10 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use support::redis::{evalsha_calls, shared_url, unique_prefix, RedisServer};
-use tollgate::{
-    HeaderKey, Key, LocalCache, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer,
-    RedisStore, Throttle,
-};
+use tollgate::clock::ManualClock;
+use tollgate::layer::LocalCache;
+use tollgate::throttle::Throttle;
+use tollgate::{HeaderKey, Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore};
 use tower::ServiceExt;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -142,7 +142,7 @@ async fn servers_in_lockstep_give_up_on_conflict_and_still_converge() {
     assert!(conflicts > 0 || rounds <= 2, "{rounds} rounds, no conflict");
 }
 
-async fn all_at_once(servers: &[Throttle]) -> Vec<tollgate::SyncReport> {
+async fn all_at_once(servers: &[Throttle]) -> Vec<tollgate::throttle::SyncReport> {
     let handles: Vec<_> = servers
         .iter()
         .map(|s| {

@@ -11,9 +11,13 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use std::num::NonZeroU32;
+use tollgate::clock::ManualClock;
+use tollgate::headers::RateLimitHeaders;
+use tollgate::key::RouteKey;
+use tollgate::layer::LocalCache;
 use tollgate::{
-    ForwardedIp, HeaderKey, KeyExtractor, LocalCache, ManualClock, MemoryStore, PeerIp, Policy,
-    Quota, RateLimitHeaders, RateLimitLayer, RouteKey, Strategy,
+    ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
+    Strategy,
 };
 use tower::ServiceExt;
 

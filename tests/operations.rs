@@ -17,9 +17,12 @@ use tower::ServiceExt;
 mod support;
 
 use support::counting::Counting;
+use tollgate::decision::Receipt;
+use tollgate::error::StoreErrorKind;
+use tollgate::store::BoxFuture;
 use tollgate::{
-    BoxFuture, Decision, FailurePolicy, ForwardedIp, HeaderKey, Key, Policy, Quota, RateLimitLayer,
-    RateLimitLayerBuilder, Receipt, Store, StoreError, StoreErrorKind,
+    Decision, FailurePolicy, ForwardedIp, HeaderKey, Key, Policy, Quota, RateLimitLayer,
+    RateLimitLayerBuilder, Store, StoreError,
 };
 
 // ---------------------------------------------------------------- doubles

@@ -211,7 +211,8 @@ async fn a_peek_during_an_outage_answers_from_the_fallback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_batch_charges_nothing_and_still_gives_back() {
     use std::time::Instant;
-    use tollgate::{Key, Store, StoreErrorKind};
+    use tollgate::error::StoreErrorKind;
+    use tollgate::{Key, Store};
 
     let server = RedisServer::start();
     let store = std::sync::Arc::new(

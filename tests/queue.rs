@@ -16,11 +16,12 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use redis::aio::ConnectionManager;
 use support::redis::{shared_url, unique_prefix};
+use tollgate::clock::ManualClock;
 use tollgate::queue::{
     Enqueued, Job, ListQueue, MemoryQueue, QueueLayer, QueueSpec, StreamProcessor, StreamQueue,
     WorkQueue,
 };
-use tollgate::{ManualClock, Quota};
+use tollgate::Quota;
 use tower::ServiceExt;
 
 const T0: u64 = 1_700_000_000_000_000;

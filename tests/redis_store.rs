@@ -18,9 +18,10 @@ use support::redis::{
     as_served, client_calls, command_calls, reset_stats, script_loads, shared_url, unique_prefix,
     RedisServer,
 };
+use tollgate::decision::Receipt;
+use tollgate::error::StoreErrorKind;
 use tollgate::{
-    Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, RedisStore, Store,
-    StoreErrorKind, Strategy,
+    Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, RedisStore, Store, Strategy,
 };
 use tower::ServiceExt;
 
@@ -312,7 +313,7 @@ async fn batching_store(url: &str, batching: bool) -> RedisStore {
 async fn store_with(
     url: &str,
     prefix: &str,
-    clock: Option<&tollgate::ManualClock>,
+    clock: Option<&tollgate::clock::ManualClock>,
     batching: bool,
 ) -> RedisStore {
     let config = redis::AsyncConnectionConfig::new()
@@ -370,7 +371,7 @@ async fn concurrent_decisions_share_script_calls_and_decide_as_if_alone() {
 #[tokio::test]
 async fn every_strategy_decides_the_same_batched_or_alone() {
     let server = RedisServer::start();
-    let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
+    let clock = tollgate::clock::ManualClock::new(1_800_000_000_000_000);
     let policies = one_policy_per_strategy();
     let mut outcomes = Vec::new();
     for batching in [false, true] {
@@ -577,7 +578,7 @@ async fn decide_rounds(
     batching: bool,
 ) -> Rounds {
     const START: u64 = 1_800_000_000_000_000;
-    let clock = tollgate::ManualClock::new(START);
+    let clock = tollgate::clock::ManualClock::new(START);
     let store =
         std::sync::Arc::new(store_with(&server.url(), prefix, Some(&clock), batching).await);
     let (mut seen, mut policy_of) = (Vec::new(), Vec::new());
@@ -2126,7 +2127,7 @@ async fn concurrency_decisions_at_time_zero_batch_as_alone() {
     let policy = slots("zero", 2);
     let mut runs = Vec::new();
     for batching in [false, true] {
-        let clock = tollgate::ManualClock::new(0);
+        let clock = tollgate::clock::ManualClock::new(0);
         let prefix = format!("zero-{batching}");
         let store =
             std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
@@ -2198,7 +2199,7 @@ async fn batched_concurrency_checks_and_releases_leave_what_lone_ones_do() {
     let (mut states, mut decisions_seen) = (Vec::new(), Vec::new());
     for batching in [false, true] {
         let prefix = format!("slots-{batching}");
-        let clock = tollgate::ManualClock::new(1_800_000_000_000_000);
+        let clock = tollgate::clock::ManualClock::new(1_800_000_000_000_000);
         let store =
             std::sync::Arc::new(store_with(&server.url(), &prefix, Some(&clock), batching).await);
         store.check(&policy, &Key::new("warm"), 1).await.unwrap();

@@ -22,7 +22,8 @@ use futures::FutureExt;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::sync::{oneshot, Notify};
-use tollgate::{Key, ManualClock, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store};
+use tollgate::clock::ManualClock;
+use tollgate::{Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Store};
 use tower::ServiceExt;
 
 const T0: u64 = 1_700_000_000_000_000;

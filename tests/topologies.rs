@@ -33,7 +33,9 @@ use std::sync::OnceLock;
 use support::conformance::{Backend, T0};
 pub use support::redis::{client_calls, reset_stats};
 use support::redis::{start_replica_of, unique_prefix, RedisCluster, RedisServer};
-use tollgate::{ManualClock, RedisStore, Shard};
+use tollgate::clock::ManualClock;
+use tollgate::store::Shard;
+use tollgate::RedisStore;
 
 /// Taken by every test that starts its own servers and disturbs them.
 pub static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -21,10 +21,10 @@ use axum::routing::get;
 use axum::Router;
 use tower::ServiceExt;
 
-use tollgate::{
-    BoxFuture, Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, Receipt, Store,
-    StoreError, StoreErrorKind,
-};
+use tollgate::decision::Receipt;
+use tollgate::error::StoreErrorKind;
+use tollgate::store::BoxFuture;
+use tollgate::{Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, Store, StoreError};
 
 thread_local! {
     static CAPTURED: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };

@@ -8,7 +8,8 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tollgate::{Key, ManualClock, MemoryStore, Policy, Quota, Store};
+use tollgate::clock::ManualClock;
+use tollgate::{Key, MemoryStore, Policy, Quota, Store};
 
 /// SplitMix64: tiny, seeded, and the same on every platform and version,
 /// so a figure quoted from one run can be reproduced exactly.

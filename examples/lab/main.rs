@@ -42,9 +42,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{
-    Key, ManualClock, MemoryStore, Policy, Quota, Receipt, RedisStore, Store, Strategy,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Receipt;
+use tollgate::{Key, MemoryStore, Policy, Quota, RedisStore, Store, Strategy};
 
 /// 2023-11-14T22:00:00Z, in µs: where simulated time starts (a whole hour,
 /// so every window up to an hour starts on a boundary).

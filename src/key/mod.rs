@@ -185,7 +185,8 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
 /// Built by [`KeyExtractor::and`].
 ///
 /// ```
-/// use tollgate::{KeyExtractor, PeerIp, RouteKey};
+/// use tollgate::{KeyExtractor, PeerIp};
+/// use tollgate::key::RouteKey;
 /// let _ = RouteKey.and(PeerIp::new());
 /// ```
 #[derive(Debug, Clone)]

@@ -12,7 +12,8 @@ use crate::error::KeyError;
 ///
 /// ```
 /// use axum::{routing::get, Router};
-/// use tollgate::{KeyExtractor, PeerIp, RouteKey};
+/// use tollgate::{KeyExtractor, PeerIp};
+/// use tollgate::key::RouteKey;
 ///
 /// let _key = RouteKey.and(PeerIp::new()); // one budget per caller per route
 /// ```

@@ -64,7 +64,8 @@ const SWEEP_EVERY_MICROS: u64 = 100_000;
 ///
 /// ```
 /// use std::num::NonZeroU32;
-/// use tollgate::{LocalCache, Policy, Quota, RateLimitLayer};
+/// use tollgate::{Policy, Quota, RateLimitLayer};
+/// use tollgate::layer::LocalCache;
 ///
 /// let layer = RateLimitLayer::builder()
 ///     .policy(Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(5000).unwrap())))
@@ -98,7 +99,8 @@ impl LocalCache {
     /// decision's time plus [`Instant`] elapsed.
     ///
     /// ```
-    /// use tollgate::{LocalCache, ManualClock};
+    /// use tollgate::clock::ManualClock;
+    /// use tollgate::layer::LocalCache;
     /// let clock = ManualClock::new(0);
     /// let _cache = LocalCache::new(1000).clock(clock.clone());
     /// ```

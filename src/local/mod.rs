@@ -13,11 +13,14 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use self::cache::DecisionCache;
+#[cfg(not(feature = "throttle"))]
+use self::no_throttle::Throttle;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::limiter::Limiter;
 use crate::metrics::Outcome;
 use crate::quota::Policy;
+#[cfg(feature = "throttle")]
 use crate::throttle::Throttle;
 
 /// The limiter's local deciders; both optional, both off by default.
@@ -28,6 +31,7 @@ pub(crate) struct LocalDecisions {
 }
 
 impl LocalDecisions {
+    #[cfg(feature = "throttle")]
     pub(crate) fn set_throttle(&mut self, throttle: Throttle) {
         self.throttle = Some(throttle);
     }
@@ -116,4 +120,31 @@ fn throttled(status: StatusCode, throttle: &Throttle) -> Response<Body> {
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h.insert(RETRY_AFTER, HeaderValue::from(secs));
     response
+}
+
+/// Without the `throttle` feature no layer has a throttle: a type with no
+/// values stands in, so the throttle's paths are statically unreachable.
+#[cfg(not(feature = "throttle"))]
+mod no_throttle {
+    use std::time::Duration;
+
+    use crate::key::Key;
+    use crate::quota::Policy;
+
+    #[derive(Debug)]
+    pub(crate) enum Throttle {}
+
+    impl Throttle {
+        pub(crate) fn report_under(&self, _policy: &Policy) {
+            match *self {}
+        }
+
+        pub(crate) fn admit(&self, _key: &Key) -> bool {
+            match *self {}
+        }
+
+        pub(crate) fn retry_after(&self) -> Duration {
+            match *self {}
+        }
+    }
 }

@@ -47,6 +47,7 @@ impl Job {
         &self.fields
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// A list element: netstrings (`len:bytes,`) of name, value, name, value.
     /// Binary-safe, and simple to read in any language.
     pub(crate) fn encode(&self, id: &str) -> Vec<u8> {
@@ -66,6 +67,7 @@ impl Job {
         out
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// Reads what [`encode`](Self::encode) wrote: the id and the job.
     pub(crate) fn decode(mut raw: &[u8]) -> Option<(String, Job)> {
         let mut id = None;
@@ -84,6 +86,7 @@ impl Job {
     }
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// Takes one netstring (`len:bytes,`) off the front of `raw`.
 fn netstring<'a>(raw: &mut &'a [u8]) -> Option<&'a [u8]> {
     let colon = raw.iter().take(20).position(|&b| b == b':')?;

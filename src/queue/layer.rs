@@ -21,11 +21,11 @@ use crate::error::ConfigError;
 use crate::future::ResponseFuture;
 use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
+use crate::layer::DEFAULT_DEADLINE;
 use crate::quota::{Policy, Quota};
 use crate::response;
 use crate::strategy::leaky_bucket::interval_micros;
 use crate::strategy::Strategy;
-use crate::DEFAULT_DEADLINE;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -64,7 +64,7 @@ impl MemoryQueue {
         Self::with_clock(spec, SystemClock)
     }
 
-    /// On `clock`; tests pass a [`ManualClock`](crate::ManualClock).
+    /// On `clock`; tests pass a [`ManualClock`](crate::clock::ManualClock).
     pub fn with_clock(spec: QueueSpec, clock: impl Clock) -> Self {
         Self {
             inner: Arc::new(Inner {

@@ -41,16 +41,22 @@
 
 mod job;
 mod layer;
+#[cfg(feature = "redis")]
 mod list;
 mod memory;
+#[cfg(feature = "redis")]
 mod processor;
+#[cfg(feature = "redis")]
 mod stream;
 
 pub use job::{Entry, Job};
 pub use layer::{Enqueued, QueueLayer, QueueLayerBuilder, QueueService, DEFAULT_MAX_BODY};
+#[cfg(feature = "redis")]
 pub use list::ListQueue;
 pub use memory::MemoryQueue;
+#[cfg(feature = "redis")]
 pub use processor::{StreamProcessor, StreamProcessorBuilder};
+#[cfg(feature = "redis")]
 pub use stream::StreamQueue;
 
 use std::fmt;
@@ -218,6 +224,7 @@ impl QueueSpec {
         format!("{}:{{{}}}:queue:list", self.prefix, self.name)
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn ttl_millis(&self) -> u64 {
         self.ttl.as_millis() as u64
     }

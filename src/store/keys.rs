@@ -12,6 +12,7 @@ use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Policy;
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// One decision's key names for Redis, inline up to two (every strategy's
 /// one-quota form; the sliding log's resource and consumer): no list to
 /// allocate per request.
@@ -31,6 +32,7 @@ impl Default for KeySpace {
     }
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl KeySpace {
     pub(crate) fn new(prefix: impl Into<String>) -> Result<Self, ConfigError> {
         let prefix = prefix.into();
@@ -57,6 +59,7 @@ impl KeySpace {
         }
     }
 
+    #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
     /// `{prefix}:{~throttle|name}`: the tag of a throttle's filters. `~`
     /// cannot occur in policy names, so no policy's tag can equal it.
     pub(crate) fn throttle_tag(&self, name: &str) -> String {

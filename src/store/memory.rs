@@ -45,7 +45,8 @@ const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::{num::NonZeroU32, time::Duration};
-/// use tollgate::{Key, ManualClock, MemoryStore, Policy, Quota, Store};
+/// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+/// use tollgate::clock::ManualClock;
 ///
 /// let clock = ManualClock::new(0);
 /// let store = MemoryStore::with_clock(clock.clone());
@@ -119,7 +120,7 @@ impl MemoryStore {
         Self::with_clock(SystemClock)
     }
 
-    /// A store on `clock`; tests pass a [`ManualClock`](crate::ManualClock).
+    /// A store on `clock`; tests pass a [`ManualClock`](crate::clock::ManualClock).
     pub fn with_clock(clock: impl Clock) -> Self {
         Self {
             inner: Arc::new(Inner {

@@ -6,12 +6,16 @@
 
 mod keys;
 mod memory;
+#[cfg(feature = "redis")]
 pub(crate) mod redis;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{
-    ClusterConfig, RedisStore, RedisStoreBuilder, SentinelConfig, Shard, ShardedConfig,
-};
+#[cfg(feature = "cluster")]
+pub use self::redis::ClusterConfig;
+#[cfg(feature = "sentinel")]
+pub use self::redis::SentinelConfig;
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder, Shard, ShardedConfig};
 pub(crate) use keys::KeySpace;
 
 use std::fmt;

@@ -1,7 +1,12 @@
 //! Throttling mode; the design is described on [`Throttle`].
 
+#[cfg(feature = "redis")]
 mod codec;
 pub(crate) mod ring;
+#[cfg(feature = "redis")]
+mod sync;
+#[cfg(not(feature = "redis"))]
+#[path = "unsynced.rs"]
 mod sync;
 
 use std::fmt;
@@ -10,12 +15,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use self::ring::{Ring, Shape};
-use self::sync::{RedisSync, RoundCounts};
+use self::sync::RedisSync;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::quota::Policy;
+#[cfg(feature = "redis")]
 use crate::store::RedisStore;
+
+/// What one round did with Redis, for tests and stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RoundCounts {
+    /// Script calls made.
+    pub(crate) calls: u64,
+    /// Publishes that went through.
+    pub(crate) written: u64,
+    /// Publishes given up because another server wrote first.
+    pub(crate) conflicts: u64,
+    /// Stored values merged in.
+    pub(crate) merged: u64,
+}
 
 /// Largest memory the filters of one throttle may take, in bytes.
 const MAX_MEMORY: usize = 1 << 30;
@@ -42,7 +61,9 @@ const MAX_MEMORY: usize = 1 << 30;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::time::Duration;
-/// use tollgate::{Key, ManualClock, Throttle};
+/// use tollgate::Key;
+/// use tollgate::clock::ManualClock;
+/// use tollgate::throttle::Throttle;
 ///
 /// let clock = ManualClock::new(0);
 /// let throttle = Throttle::builder("sessions")
@@ -88,7 +109,7 @@ const MAX_MEMORY: usize = 1 << 30;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::Throttle;
+/// use tollgate::throttle::Throttle;
 ///
 /// let throttle = Throttle::builder("sessions")
 ///     .threshold(50_000)             // active callers that switch throttling on
@@ -164,7 +185,8 @@ impl Throttle {
     /// Whether `key` was seen in the window, without noting it.
     ///
     /// ```
-    /// use tollgate::{Key, Throttle};
+    /// use tollgate::Key;
+    /// use tollgate::throttle::Throttle;
     /// let t = Throttle::builder("s").threshold(10).build().unwrap();
     /// assert!(!t.is_known(&Key::new("ann")));
     /// t.admit(&Key::new("ann"));
@@ -198,7 +220,7 @@ impl Throttle {
     /// at most `callers` keys, so `1 - (1 - p)²` with `p` one filter's rate.
     ///
     /// ```
-    /// use tollgate::Throttle;
+    /// use tollgate::throttle::Throttle;
     /// let t = Throttle::builder("s").threshold(1000).capacity(10_000)
     ///     .false_positive_rate(0.01).build().unwrap();
     /// assert!(t.false_positive_bound(10_000) < 0.021);
@@ -229,7 +251,7 @@ impl Throttle {
     /// clock's slot, share the current slot's filter through Redis (if one
     /// was given), and re-estimate the active callers.
     ///
-    /// Tests call this directly with a [`ManualClock`](crate::ManualClock)
+    /// Tests call this directly with a [`ManualClock`](crate::clock::ManualClock)
     /// instead of starting the task. On a Redis error the local part is
     /// still done and the error returned (the task logs it and goes on).
     pub async fn sync_once(&self) -> Result<SyncReport, StoreError> {
@@ -327,7 +349,7 @@ impl Throttle {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let throttle = tollgate::Throttle::builder("sessions").threshold(10_000).build().unwrap();
+    /// let throttle = tollgate::throttle::Throttle::builder("sessions").threshold(10_000).build().unwrap();
     /// let task = throttle.start().unwrap();
     /// // ... serve; dropping `task` stops the rounds.
     /// drop(task);
@@ -374,7 +396,7 @@ impl Drop for SyncTask {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let t = tollgate::Throttle::builder("s").threshold(1).build().unwrap();
+/// let t = tollgate::throttle::Throttle::builder("s").threshold(1).build().unwrap();
 /// let report = t.sync_once().await.unwrap();
 /// assert_eq!(report.redis_calls, 0); // no Redis configured
 /// # }
@@ -399,7 +421,7 @@ pub struct SyncReport {
 /// Counters of a [`Throttle`], for metrics.
 ///
 /// ```
-/// let t = tollgate::Throttle::builder("s").threshold(1).build().unwrap();
+/// let t = tollgate::throttle::Throttle::builder("s").threshold(1).build().unwrap();
 /// assert_eq!(t.stats().refused, 0);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -438,7 +460,8 @@ pub struct ThrottleStats {
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tollgate::{RedisStore, Throttle};
+/// use tollgate::RedisStore;
+/// use tollgate::throttle::Throttle;
 /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
 /// let throttle = Throttle::builder("sessions").threshold(50_000).redis(&store).build()?;
 /// # Ok(()) }
@@ -453,6 +476,7 @@ pub struct ThrottleBuilder {
     slot_length: Duration,
     sync_every: Duration,
     retry_after: Option<Duration>,
+    #[cfg(feature = "redis")]
     redis: Option<RedisStore>,
     clock: Arc<dyn Clock>,
     seed: Option<u128>,
@@ -479,6 +503,7 @@ impl ThrottleBuilder {
             slot_length: Duration::from_secs(60),
             sync_every: Duration::from_secs(1),
             retry_after: None,
+            #[cfg(feature = "redis")]
             redis: None,
             clock: Arc::new(SystemClock),
             seed: None,
@@ -531,14 +556,15 @@ impl ThrottleBuilder {
     }
 
     /// Shares callers with every app server using the same Redis, prefix and
-    /// throttle name, over `store`'s connection.
+    /// throttle name, over `store`'s connection. Needs the `redis` feature.
+    #[cfg(feature = "redis")]
     pub fn redis(mut self, store: &RedisStore) -> Self {
         self.redis = Some(store.clone());
         self
     }
 
     /// Where slot boundaries come from. App servers should agree on time
-    /// within a small part of a slot; a [`ManualClock`](crate::ManualClock)
+    /// within a small part of a slot; a [`ManualClock`](crate::clock::ManualClock)
     /// lets tests move through slots without waiting.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -605,6 +631,9 @@ impl ThrottleBuilder {
         }
         let slot_micros = self.slot_length.as_micros() as u64;
         let slot_no = self.clock.now_micros() / slot_micros;
+        #[cfg(not(feature = "redis"))]
+        let redis: Option<RedisSync> = None;
+        #[cfg(feature = "redis")]
         let redis = self.redis.map(|store| {
             let ttl_ms = (self.slot_length * (self.slots as u32 + 1)).as_millis() as u64;
             RedisSync::new(

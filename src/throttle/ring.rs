@@ -94,6 +94,7 @@ pub(crate) struct Ring {
     slot_no: AtomicU64,
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl Ring {
     /// An empty ring of `slots` filters, standing at absolute slot `slot_no`.
     pub(crate) fn new(shape: Shape, slots: usize, slot_no: u64) -> Self {

@@ -25,6 +25,7 @@ use redis::Value;
 
 use super::codec;
 use super::ring::Ring;
+use super::RoundCounts;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::redis::connection::Connection;
 use crate::store::redis::script::LuaScript;
@@ -38,19 +39,6 @@ static MERGE: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 static READ: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::read_only("bloom_read", include_str!("../../lua/bloom_read.lua")));
-
-/// What one round did with Redis, for tests and stats.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct RoundCounts {
-    /// Script calls made.
-    pub(crate) calls: u64,
-    /// Publishes that went through.
-    pub(crate) written: u64,
-    /// Publishes given up because another server wrote first.
-    pub(crate) conflicts: u64,
-    /// Stored values merged in.
-    pub(crate) merged: u64,
-}
 
 /// The Redis side of a throttle: where its slots live and what this server
 /// last merged of each.

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{Decision, Key, ManualClock, Policy, Quota, Receipt, Store};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Receipt;
+use tollgate::{Decision, Key, Policy, Quota, Store};
 
 /// The epoch the tables count from: 2023-11-14T22:13:20Z, in µs.
 pub const T0: u64 = 1_700_000_000_000_000;

@@ -5,9 +5,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tollgate::{
-    BoxFuture, Decision, Key, ManualClock, MemoryStore, Policy, Receipt, Store, StoreError,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Receipt;
+use tollgate::store::BoxFuture;
+use tollgate::{Decision, Key, MemoryStore, Policy, Store, StoreError};
 
 /// A memory store that counts the calls it gets, to prove which requests
 /// never reached the store.

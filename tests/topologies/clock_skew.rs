@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use crate::support::conformance::T0;
 use crate::support::redis::{shared_url, unique_prefix};
-use tollgate::{Decision, Key, ManualClock, Policy, Quota, RedisStore, Store};
+use tollgate::clock::ManualClock;
+use tollgate::{Decision, Key, Policy, Quota, RedisStore, Store};
 
 const LIMIT: u64 = 10;
 const WINDOW: Duration = Duration::from_secs(10);

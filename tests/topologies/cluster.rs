@@ -11,7 +11,8 @@ use crate::support::redis::{
     key_slot, replicas_run_scripts, unique_prefix, wait_for_replication, RedisCluster, RedisServer,
 };
 use crate::{redis_key, reset_stats, script_calls, shared_cluster};
-use tollgate::{Key, ManualClock, Policy, Quota, RedisStore, Store};
+use tollgate::clock::ManualClock;
+use tollgate::{Key, Policy, Quota, RedisStore, Store};
 
 fn exists(server: &RedisServer, key: &str, replica: bool) -> bool {
     let mut conn = server.conn();

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use crate::load::{app, Load, Report};
 use crate::support::redis::{unique_prefix, RedisCluster};
 use crate::{client_calls, HEAVY};
-use tollgate::{Key, Policy, Quota, RedisStore, Store, DEFAULT_DEADLINE};
+use tollgate::layer::DEFAULT_DEADLINE;
+use tollgate::{Key, Policy, Quota, RedisStore, Store};
 
 /// Slack over the layer's deadline for a local decision and scheduling on
 /// two busy cores: "nothing hangs" means no request takes longer than this.

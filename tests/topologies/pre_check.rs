@@ -17,7 +17,8 @@ use crate::support::redis::{
     key_slot, replicas_run_scripts, unique_prefix, wait_for_replication, SentinelSet,
 };
 use crate::{reset_stats, script_calls, shared_cluster, Pair};
-use tollgate::{Key, ManualClock, Policy, Quota, RedisStore, Store};
+use tollgate::clock::ManualClock;
+use tollgate::{Key, Policy, Quota, RedisStore, Store};
 
 fn per_minute(n: u32) -> Quota {
     Quota::per_minute(NonZeroU32::new(n).unwrap())

@@ -16,7 +16,9 @@ use crate::support::redis::{
     as_served, replicas_run_scripts, unique_prefix, wait_for_replication, RedisServer,
 };
 use crate::{redis_key, reset_stats, script_calls, shared_shards, Pair};
-use tollgate::{Key, ManualClock, Policy, Quota, RedisStore, Shard, Store};
+use tollgate::clock::ManualClock;
+use tollgate::store::Shard;
+use tollgate::{Key, Policy, Quota, RedisStore, Store};
 
 fn exists(server: &RedisServer, key: &str) -> bool {
     redis::cmd("EXISTS")

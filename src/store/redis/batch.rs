@@ -38,9 +38,7 @@ pub(crate) const MAX_IN_FLIGHT: NonZeroUsize = NonZeroUsize::new(4).unwrap();
 /// Calls on their way for one set of keys on Redis Cluster (one caller, in
 /// practice) before its decisions queue. Redis runs one caller's decisions
 /// one after the other anyway, so one call at a time loses nothing and
-/// batches most: `topology_bench` on 3 primaries, 64 decisions in flight,
-/// gave 120,926 decisions/s for one caller (88,751 with 4 calls at a time,
-/// 52,648 alone) and 71,767 for ten (55,210 with 4, 54,105 alone).
+/// batches most (`topology_bench` compares 1, 4 and no batching).
 const MAX_IN_FLIGHT_PER_KEYS: usize = 1;
 
 /// The most decisions in one call, which bounds how long one script keeps
@@ -817,7 +815,7 @@ pub(crate) fn with_until(args: &mut [i64], until: i64) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "deadpool"))]
 mod tests {
     use std::future::Future;
     use std::pin::pin;

@@ -12,7 +12,8 @@ use super::batch::Batcher;
 use super::connection::Connection;
 
 /// Batchers on Redis Cluster: enough that two callers busy at once rarely
-/// share one (64 calls in flight meet one another on about 1.5% of calls).
+/// share one (64 calls in flight meet one another on one or two calls in a
+/// hundred).
 const CELLS: usize = 4096;
 
 /// The store's batchers, one per place a batch call may go.
@@ -23,6 +24,7 @@ pub(crate) enum Batchers {
     /// One per server: the one Redis, or each shard's primary, in the
     /// shards' order.
     PerServer(Vec<Batcher>),
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     /// Redis Cluster: one per cell of a table (64 KB), picked by a hash of
     /// the call's keys and made when the cell is first used. A cell has one
     /// call in flight at a time, and a batch call holds decisions on one
@@ -41,6 +43,7 @@ impl Batchers {
     pub(crate) fn new(conn: &Connection, on: bool, calls_in_flight: NonZeroUsize) -> Self {
         match conn {
             _ if !on => Batchers::Off,
+            #[cfg(feature = "cluster")]
             Connection::Cluster(..) => Batchers::PerKeys(
                 conn.clone(),
                 RandomState::default(),

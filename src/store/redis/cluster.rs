@@ -91,7 +91,7 @@ impl ClusterConfig {
     }
 
     /// Sends peeks and pre-checks (`EVALSHA_RO`; see
-    /// [`RedisStoreBuilder::pre_check`](crate::RedisStoreBuilder::pre_check))
+    /// [`RedisStoreBuilder::pre_check`](crate::store::RedisStoreBuilder::pre_check))
     /// to replicas, round-robin within each shard. Off by default; charging
     /// scripts always go to primaries.
     ///

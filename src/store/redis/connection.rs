@@ -1,15 +1,20 @@
 //! The ways to reach Redis, behind one `eval`.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+#[cfg(feature = "deadpool")]
+use std::sync::Mutex;
 
+#[cfg(feature = "deadpool")]
 use deadpool_redis::Pool;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo, RedisResult, ToRedisArgs, Value};
 
 use super::script::LuaScript;
+#[cfg(feature = "sentinel")]
 use super::sentinel::SentinelConnection;
 use super::shards::Shards;
 
@@ -35,13 +40,16 @@ pub(crate) enum Connection {
     /// One multiplexed connection, shared by all requests.
     Multiplexed(MultiplexedConnection),
     /// A deadpool-redis pool, used without a checkout per decision.
+    #[cfg(feature = "deadpool")]
     Pool(Arc<PooledConnection>),
     /// Redis Cluster: routes each script by its keys' hash slot, with this
     /// many retries; whether read-only calls may go to replicas.
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection, super::cluster::Retries, bool),
     /// Independent primaries (and replicas), picked by the keys' hash tag.
     Sharded(Arc<Shards>),
     /// The primary Redis Sentinel names, rediscovered after a failover.
+    #[cfg(feature = "sentinel")]
     Sentinel(Arc<SentinelConnection>),
 }
 
@@ -50,9 +58,12 @@ impl fmt::Debug for Connection {
         f.write_str(match self {
             Connection::Manager(_) => "Connection::Manager",
             Connection::Multiplexed(_) => "Connection::Multiplexed",
+            #[cfg(feature = "deadpool")]
             Connection::Pool(_) => "Connection::Pool",
+            #[cfg(feature = "cluster")]
             Connection::Cluster(..) => "Connection::Cluster",
             Connection::Sharded(_) => "Connection::Sharded",
+            #[cfg(feature = "sentinel")]
             Connection::Sentinel(_) => "Connection::Sentinel",
         })
     }
@@ -62,9 +73,13 @@ impl Connection {
     /// Whether read-only calls (peeks, pre-checks) may go to replicas.
     pub(crate) fn reads_from_replicas(&self) -> bool {
         match self {
-            Connection::Manager(_) | Connection::Multiplexed(_) | Connection::Pool(_) => false,
+            Connection::Manager(_) | Connection::Multiplexed(_) => false,
+            #[cfg(feature = "deadpool")]
+            Connection::Pool(_) => false,
+            #[cfg(feature = "cluster")]
             Connection::Cluster(_, _, replicas) => *replicas,
             Connection::Sharded(s) => s.reads_from_replicas(),
+            #[cfg(feature = "sentinel")]
             Connection::Sentinel(s) => s.reads_from_replicas(),
         }
     }
@@ -83,6 +98,7 @@ impl Connection {
             // Boxed, with its redirections and retries: as large as that
             // future is, every call's future would otherwise carry and move
             // it, whatever the connection.
+            #[cfg(feature = "cluster")]
             Connection::Cluster(c, retries, _) => {
                 Box::pin(super::cluster::eval(
                     &mut c.clone(),
@@ -94,13 +110,16 @@ impl Connection {
                 ))
                 .await
             }
+            #[cfg(feature = "deadpool")]
             Connection::Pool(p) => p.eval(script, keys, args, read_only).await,
             Connection::Sharded(s) => s.eval(script, keys, args, read_only).await,
+            #[cfg(feature = "sentinel")]
             Connection::Sentinel(s) => s.eval(script, keys, args, read_only).await,
         }
     }
 }
 
+#[cfg(feature = "deadpool")]
 /// deadpool-redis checks every connection it hands out with `UNWATCH` +
 /// `PING`: a round trip per decision if we checked one out per request.
 /// A multiplexed connection serves any number of concurrent requests, so we
@@ -111,6 +130,7 @@ pub(crate) struct PooledConnection {
     cached: Mutex<Option<MultiplexedConnection>>,
 }
 
+#[cfg(feature = "deadpool")]
 impl PooledConnection {
     pub(crate) fn new(pool: Pool) -> Self {
         Self {

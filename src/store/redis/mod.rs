@@ -2,15 +2,19 @@
 
 mod batch;
 mod batchers;
+#[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod connection;
 pub(crate) mod reply;
 pub(crate) mod script;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 pub(crate) mod server;
 mod shards;
 
+#[cfg(feature = "cluster")]
 pub use self::cluster::ClusterConfig;
+#[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelConfig;
 pub use self::shards::{Shard, ShardedConfig};
 
@@ -19,12 +23,16 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "deadpool")]
 use deadpool_redis::Pool;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 
 use self::batchers::Batchers;
-use self::connection::{Connection, PooledConnection};
+use self::connection::Connection;
+#[cfg(feature = "deadpool")]
+use self::connection::PooledConnection;
 use self::script::{LuaScript, SCRIPTS};
 use self::server::{Scripting, ServerVersion};
 use super::keys::KeyList;
@@ -45,7 +53,7 @@ use crate::strategy::{concurrency, gcra, leaky_bucket, sliding_log, Strategy, MA
 /// **Time.** By default the scripts read Redis `TIME`, so all app servers
 /// share Redis's clock and their own clocks may drift freely. With
 /// [`RedisStoreBuilder::clock`] the store sends its own time instead; tests
-/// use that with a [`ManualClock`](crate::ManualClock). A window's end is
+/// use that with a [`ManualClock`](crate::clock::ManualClock). A window's end is
 /// written once, by the request that opens it, and read back by everyone.
 ///
 /// Runs on Redis 6.2 and later, and on Valkey. Before Redis 7.0 (no script
@@ -127,7 +135,8 @@ fn local_micros(at: Instant) -> i64 {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tollgate::{ManualClock, RedisStore};
+/// use tollgate::RedisStore;
+/// use tollgate::clock::ManualClock;
 /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
 /// let conn = client.get_multiplexed_async_connection().await?;
 /// let store = RedisStore::from_connection(conn)
@@ -170,7 +179,7 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported)
+    /// [`StoreErrorKind::Unsupported`](crate::error::StoreErrorKind::Unsupported)
     /// before Redis 6.2, naming the version found and the one needed; any
     /// error of the `INFO` call itself.
     ///
@@ -223,7 +232,8 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tollgate::{RedisStore, Shard};
+    /// use tollgate::RedisStore;
+    /// use tollgate::store::Shard;
     ///
     /// let store = RedisStore::sharded([
     ///     Shard::new("a", "redis://10.0.0.1:6379/").replica("redis://10.0.0.2:6379/"),
@@ -244,10 +254,9 @@ impl RedisStoreBuilder {
     /// call per server (on by default). On Redis Cluster a call may only
     /// touch one hash slot's keys, so decisions batch per set of keys (one
     /// caller's, in practice), one call in flight for each: a flood from
-    /// one caller batches (twice the decisions/s on 3 primaries), a crowd
-    /// does not, and pays a little for the bookkeeping (0.89 to 0.94 of the
-    /// decisions/s without batching for 10,000 callers, in three runs; see
-    /// the README's topology figures).
+    /// one caller batches, a crowd of callers does not (each decision goes
+    /// alone, with a little bookkeeping on top; BENCHMARKS.md has the
+    /// figures).
     ///
     /// A decision that finds fewer than four calls on their way (see
     /// [`calls_in_flight`](Self::calls_in_flight); on a cluster, none for
@@ -278,15 +287,11 @@ impl RedisStoreBuilder {
     ///
     /// Fewer calls make bigger batches, so Redis and the app spend less CPU
     /// per decision, at the price of waits: a decision that finds every
-    /// call taken waits for one to come back. In the zoo's load test
-    /// (fixed window, Redis on the server's core, 64 connections) 1 served
-    /// a median 55,475 decisions/s, 2 served 50,556 and 4 served 47,791;
-    /// at 4 connections pausing 1 ms, p99 was 817, 649 and 553 µs (medians
-    /// of three runs each; BENCHMARKS.md, tenth round). Choose 1 or 2 where
-    /// Redis's CPU, or a core the app shares with it, is what runs out.
-    /// Over a network a wait costs a round trip: with Redis 0.5 ms away, 1
-    /// nearly doubled p50 at 4 connections and 4 served the most decisions
-    /// flat out, so keep the default there.
+    /// call taken waits for one to come back. Choose 1 or 2 where Redis's
+    /// CPU, or a core the app shares with it, is what runs out: fewer calls
+    /// serve more decisions per second there, at a higher p99. Over a
+    /// network a wait costs a round trip, so keep the default there
+    /// (BENCHMARKS.md has the figures for both).
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -393,6 +398,7 @@ impl RedisStore {
         RedisStoreBuilder::new(Connection::Multiplexed(conn))
     }
 
+    #[cfg(feature = "deadpool")]
     /// Over a deadpool-redis pool (with `TCP_NODELAY`, see
     /// [`from_manager`](Self::from_manager)). One connection is checked out and shared
     /// (it is multiplexed) until it breaks, so the pool's health check does
@@ -401,6 +407,7 @@ impl RedisStore {
         RedisStoreBuilder::new(Connection::Pool(Arc::new(PooledConnection::new(pool))))
     }
 
+    #[cfg(feature = "cluster")]
     /// Over a Redis Cluster connection: each decision's keys share a hash tag,
     /// so a script always runs on the one node that owns them, and the store
     /// follows redirections itself (see [`ClusterConfig`]). Prefer
@@ -416,6 +423,7 @@ impl RedisStore {
         ))
     }
 
+    #[cfg(feature = "cluster")]
     /// Redis Cluster, reached through any of the seed `nodes`; see
     /// [`ClusterConfig`] for what it follows and retries.
     ///
@@ -436,7 +444,8 @@ impl RedisStore {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tollgate::{RedisStore, Shard};
+    /// use tollgate::RedisStore;
+    /// use tollgate::store::Shard;
     /// let store = RedisStore::sharded([
     ///     Shard::new("a", "redis://127.0.0.1:7000/"),
     ///     Shard::new("b", "redis://127.0.0.1:7001/"),
@@ -450,6 +459,7 @@ impl RedisStore {
         ShardedConfig::new(shards)
     }
 
+    #[cfg(feature = "sentinel")]
     /// The primary that the Redis Sentinels at `sentinels` monitor as
     /// `master_name`, followed through failovers; see [`SentinelConfig`].
     ///
@@ -468,17 +478,20 @@ impl RedisStore {
         SentinelConfig::new(sentinels, master_name)
     }
 
+    #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
     /// The connection, shared with the throttle's sync task.
     pub(crate) fn connection(&self) -> &Connection {
         &self.inner.conn
     }
 
+    #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
     /// What the servers' scripting can do, shared with the throttle's sync
     /// task.
     pub(crate) fn scripting(&self) -> &Arc<Scripting> {
         &self.inner.scripting
     }
 
+    #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
     /// The key names, shared with the throttle's sync task.
     pub(crate) fn keyspace(&self) -> &KeySpace {
         &self.inner.keys
@@ -859,7 +872,7 @@ impl Store for RedisStore {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "deadpool"))]
 mod tests {
     use std::num::NonZeroU32;
 

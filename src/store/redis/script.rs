@@ -153,6 +153,7 @@ impl LuaScript {
         cmd
     }
 
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     /// `EVAL` (or `EVAL_RO`) with the source: runs the script on a node that
     /// has not cached it, and caches it there.
     pub(crate) fn eval_cmd<A: ToRedisArgs>(

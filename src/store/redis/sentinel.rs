@@ -80,7 +80,7 @@ impl SentinelConfig {
     }
 
     /// Sends peeks and pre-checks (`EVALSHA_RO`; see
-    /// [`RedisStoreBuilder::pre_check`](crate::RedisStoreBuilder::pre_check))
+    /// [`RedisStoreBuilder::pre_check`](crate::store::RedisStoreBuilder::pre_check))
     /// to one replica the sentinels list as healthy, and to the primary when
     /// there is none or it fails; the store looks for another in the
     /// background. Off by default. Charging scripts always go to the primary.

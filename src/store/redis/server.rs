@@ -10,6 +10,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+#[cfg(feature = "cluster")]
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{RedisError, RedisResult, ToRedisArgs, Value};
 
@@ -146,7 +147,9 @@ impl Connection {
         let one = match self {
             Connection::Manager(c) => cmd.query_async(&mut c.clone()).await?,
             Connection::Multiplexed(c) => cmd.query_async(&mut c.clone()).await?,
+            #[cfg(feature = "deadpool")]
             Connection::Pool(p) => cmd.query_async(&mut p.connection().await?).await?,
+            #[cfg(feature = "cluster")]
             Connection::Cluster(c, ..) => {
                 let reply = c
                     .clone()
@@ -162,6 +165,7 @@ impl Connection {
                 }
                 return Ok(all);
             }
+            #[cfg(feature = "sentinel")]
             Connection::Sentinel(s) => cmd.query_async(&mut s.primary().await?).await?,
         };
         Ok(vec![one])

@@ -25,7 +25,7 @@ use crate::error::StoreError;
 /// shard to another host under the same name and no key changes shard.
 ///
 /// ```
-/// use tollgate::Shard;
+/// use tollgate::store::Shard;
 ///
 /// let a = Shard::new("a", "redis://10.0.0.1:6379/").replica("redis://10.0.0.2:6379/");
 /// let b = Shard::new("b", "redis://10.0.1.1:6379/");
@@ -69,7 +69,8 @@ impl Shard {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tollgate::{RedisStore, Shard};
+/// use tollgate::RedisStore;
+/// use tollgate::store::Shard;
 ///
 /// let store = RedisStore::sharded([
 ///     Shard::new("a", "redis://10.0.0.1:6379/").replica("redis://10.0.0.2:6379/"),
@@ -102,7 +103,7 @@ impl ShardedConfig {
     }
 
     /// Sends peeks and pre-checks (`EVALSHA_RO`; see
-    /// [`RedisStoreBuilder::pre_check`](crate::RedisStoreBuilder::pre_check))
+    /// [`RedisStoreBuilder::pre_check`](crate::store::RedisStoreBuilder::pre_check))
     /// to the shard's replicas, round-robin, and to the primary when a
     /// replica fails or the shard has none. Off by default. Charging scripts
     /// always go to the primary.

@@ -1,6 +1,6 @@
 //! Cases for the sliding log: a limit for the resource and one per consumer.
 
-use tollgate::Scope;
+use tollgate::decision::Scope;
 
 use super::*;
 
