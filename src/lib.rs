@@ -92,3 +92,33 @@ pub use throttle::{SyncReport, SyncTask, Throttle, ThrottleBuilder, ThrottleStat
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// docs/strategies.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/strategies.md")]
+struct StrategiesDoctests;
+
+/// docs/topologies.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/topologies.md")]
+struct TopologiesDoctests;
+
+/// docs/operations.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operations.md")]
+struct OperationsDoctests;
+
+/// docs/high-volume.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/high-volume.md")]
+struct HighVolumeDoctests;
+
+/// docs/zoo.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/zoo.md")]
+struct ZooDoctests;
+
+/// docs/benchmarks.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/benchmarks.md")]
+struct BenchmarksDoctests;
