@@ -78,7 +78,31 @@ pub use store::RedisStore;
 pub use store::{MemoryStore, Store};
 pub use strategy::Strategy;
 
-/// The README's examples, compiled as doctests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;
+/// The README's and docs/' examples, compiled as doctests so they cannot
+/// rot; they use every feature, so they run with all of them.
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "cluster",
+    feature = "sentinel",
+    feature = "deadpool",
+    feature = "throttle",
+    feature = "queue",
+    feature = "metrics"
+))]
+mod docs_doctests {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/strategies.md")]
+    struct Strategies;
+    #[doc = include_str!("../docs/topologies.md")]
+    struct Topologies;
+    #[doc = include_str!("../docs/operations.md")]
+    struct Operations;
+    #[doc = include_str!("../docs/high-volume.md")]
+    struct HighVolume;
+    #[doc = include_str!("../docs/zoo.md")]
+    struct Zoo;
+    #[doc = include_str!("../docs/benchmarks.md")]
+    struct Benchmarks;
+}
