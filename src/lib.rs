@@ -59,6 +59,7 @@ mod metrics;
 #[cfg(feature = "queue")]
 pub mod queue;
 mod quota;
+mod rate_limiter;
 mod release;
 mod response;
 mod service;
@@ -73,6 +74,7 @@ pub use failure::FailurePolicy;
 pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use quota::{Policy, Quota};
+pub use rate_limiter::RateLimiter;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};

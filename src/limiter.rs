@@ -563,28 +563,56 @@ impl Limiter {
             .key
             .extract(parts)
             .map_err(crate::layer::PeekError::Key)?;
+        self.peek_key(&key)
+            .await
+            .map_err(crate::layer::PeekError::Store)
+    }
+
+    /// `key`'s state, charging nothing: the main store within the deadline,
+    /// else (with a local fallback) the fallback, marked as such.
+    pub(crate) async fn peek_key(&self, key: &Key) -> Result<Decision, StoreError> {
         let err = if self.cooling_down() {
             StoreError::cooling_down()
         } else {
-            let peek = self.store.peek(&self.policy, &key);
+            let peek = self.store.peek(&self.policy, key);
             match self.within_deadline(peek).await.0 {
                 Ok(decision) => return Ok(decision),
                 Err(err) => err,
             }
         };
         let FailurePolicy::Local(local) = &self.failure else {
-            return Err(crate::layer::PeekError::Store(err));
+            return Err(err);
         };
         tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err,
             "rate limit store failed a peek; answering from the local fallback");
-        self.seed(local, &key);
-        let peek = local.peek(&self.policy, &key);
+        self.seed(local, key);
+        let peek = local.peek(&self.policy, key);
         match self.within_deadline(peek).await.0 {
             Ok(mut decision) => {
                 decision.fallback = true;
                 Ok(decision)
             }
-            Err(_) => Err(crate::layer::PeekError::Store(err)),
+            Err(_) => Err(err),
+        }
+    }
+
+    /// What the main store decided, remembered as the layer would: for the
+    /// cache of rejections and the fallback's starting point.
+    pub(crate) fn learn_from_main(&self, key: &Key, cost: u64, decision: &Decision) {
+        if self.shadow {
+            return;
+        }
+        self.local.after_store(&self.policy, key, cost, decision);
+        if let Some(learned) = &self.learned {
+            learned.learn(key, decision);
+        }
+    }
+
+    /// Forgets what this process remembers of `key` (after a reset).
+    pub(crate) fn forget(&self, key: &Key) {
+        self.local.refunded(key);
+        if let Some(learned) = &self.learned {
+            learned.forget(key);
         }
     }
 
@@ -594,7 +622,7 @@ impl Limiter {
     /// at the switch. Only a fallback that answers at once (the memory
     /// store) is seeded; the charge is made while the record is held, so
     /// no concurrent fallback decision for `key` can come before it.
-    fn seed(&self, local: &Arc<dyn Store>, key: &Key) {
+    pub(crate) fn seed(&self, local: &Arc<dyn Store>, key: &Key) {
         let Some(learned) = &self.learned else { return };
         learned.seed(key, |used| {
             if let Some(Err(err)) = local.check_now(&self.policy, key, used) {
@@ -607,7 +635,7 @@ impl Limiter {
     /// Asks the main store, unless it failed within the cooldown: then the
     /// failure policy applies at once instead of every request waiting out
     /// the deadline against a store that is down or drowning.
-    async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+    pub(crate) async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
         if self.cooling_down() {
             return Err(StoreError::cooling_down());
         }
@@ -684,7 +712,12 @@ impl Limiter {
         }
     }
 
-    async fn ask(&self, store: &dyn Store, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+    pub(crate) async fn ask(
+        &self,
+        store: &dyn Store,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         self.within_deadline(store.check(&self.policy, key, cost))
             .await
             .0
@@ -694,7 +727,7 @@ impl Limiter {
     /// is ready when first polled (the memory store's, every time) arms no
     /// timer and reads no clock: it waited for nothing, and its stopwatch
     /// says zero. Otherwise the deadline counts from that first poll.
-    async fn within_deadline<T>(
+    pub(crate) async fn within_deadline<T>(
         &self,
         mut call: BoxFuture<'_, Result<T, StoreError>>,
     ) -> (Result<T, StoreError>, Stopwatch) {

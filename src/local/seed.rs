@@ -90,6 +90,11 @@ impl Learned {
         shard.insert(key.clone(), seen);
     }
 
+    /// Drops `key`'s record (the caller was reset).
+    pub(crate) fn forget(&self, key: &Key) {
+        self.shard(key).remove(key);
+    }
+
     /// Takes `key`'s record and, if its window is still open with units
     /// spent, hands them to `charge` while no other request can take the
     /// record: a fallback decision for `key` that comes after then sees the

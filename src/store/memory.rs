@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::keys::KeyNames;
 use super::{BoxFuture, KeySpace, Store};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, Receipt};
+use crate::decision::{Decision, Receipt, Scope};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Policy;
@@ -302,6 +302,17 @@ impl MemoryStore {
         decision.scoped(scope)
     }
 
+    /// Removes `key`'s own entries under `policy`, under the shard's lock.
+    fn forget(&self, policy: &Policy, key: &Key) {
+        self.with_shard(policy, key, |shard, keys, _| {
+            for (i, name) in keys.iter().enumerate() {
+                if policy.strategy().scope_of(i) == Scope::Consumer {
+                    shard.remove(name);
+                }
+            }
+        });
+    }
+
     fn give_back(&self, policy: &Policy, key: &Key, receipt: &Receipt) {
         if receipt.is_empty() {
             return;
@@ -463,6 +474,15 @@ impl Store for MemoryStore {
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(std::future::ready(Ok(self.decide(policy, key, 0))))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.forget(policy, key);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn refund<'a>(

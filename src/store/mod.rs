@@ -107,6 +107,40 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
+    /// Forgets `key`'s own state under `policy`, whatever its strategy: the
+    /// operator's unblock. State every caller shares (a sliding log's
+    /// resource quota) is kept. One atomic step: on Redis one `DEL` of the
+    /// caller's keys. The default refuses: a store of yours that cannot
+    /// forget says so rather than pretending.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    ///
+    /// let policy = Policy::fixed_window("login", Quota::per_minute(NonZeroU32::new(1).unwrap()));
+    /// let store = MemoryStore::new();
+    /// let bob = Key::new("bob");
+    /// assert!(store.check(&policy, &bob, 1).await.unwrap().allowed);
+    /// assert!(!store.check(&policy, &bob, 1).await.unwrap().allowed);
+    /// store.reset(&policy, &bob).await.unwrap();
+    /// assert!(store.check(&policy, &bob, 1).await.unwrap().allowed);
+    /// # }
+    /// ```
+    fn reset<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (policy, key);
+        Box::pin(async {
+            Err(StoreError::new(
+                crate::error::StoreErrorKind::Rejected,
+                "this store cannot reset a caller",
+            ))
+        })
+    }
+
     /// Decides at once, without awaiting, if this store can: an in-process
     /// store's fast path. `None` (the default) means "await [`check`](Store::check)".
     ///
@@ -197,6 +231,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         (**self).refund(policy, key, receipt)
+    }
+
+    fn reset<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).reset(policy, key)
     }
 
     fn check_now(

@@ -38,7 +38,7 @@ use self::server::{Scripting, ServerVersion};
 use super::keys::KeyList;
 use super::{BoxFuture, KeySpace, Store};
 use crate::clock::Clock;
-use crate::decision::{Decision, Receipt};
+use crate::decision::{Decision, Receipt, Scope};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::quota::Policy;
@@ -678,6 +678,29 @@ impl RedisStore {
         Ok(())
     }
 
+    /// One `DEL` of `key`'s own keys under `policy` (lua/reset.lua): its
+    /// keys share one hash tag, so one call on one node clears them all.
+    async fn forget(&self, policy: &Policy, key: &Key) -> Result<(), StoreError> {
+        let keys: KeyList = self
+            .inner
+            .keys
+            .quota_keys(policy, key)
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| policy.strategy().scope_of(*i) == Scope::Consumer)
+            .map(|(_, name)| name)
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let no_args: [i64; 0] = [];
+        self.inner
+            .conn
+            .eval(&SCRIPTS.reset, &keys, &no_args, false)
+            .await?;
+        Ok(())
+    }
+
     async fn give_back(
         &self,
         policy: &Policy,
@@ -827,6 +850,14 @@ impl Store for RedisStore {
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.decide(policy, key, 0, true, 0))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.forget(policy, key))
     }
 
     fn refund<'a>(

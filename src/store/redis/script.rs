@@ -200,6 +200,8 @@ pub(crate) struct Scripts {
     pub(crate) concurrency: LuaScript,
     pub(crate) concurrency_peek: LuaScript,
     pub(crate) concurrency_release: LuaScript,
+    /// Forgets a caller's state under a policy (lua/reset.lua).
+    pub(crate) reset: LuaScript,
     /// Each script that batches (the charging ones and the concurrency
     /// release) beside its batch wrapper.
     batches: Vec<(String, LuaScript)>,
@@ -390,5 +392,6 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         concurrency: LuaScript::decision("concurrency", concurrency),
         concurrency_peek: LuaScript::dry_run("concurrency_peek", concurrency),
         concurrency_release: LuaScript::packed("concurrency_release", concurrency_release),
+        reset: LuaScript::new("reset", include_str!("../../../lua/reset.lua").into()),
     }
 });

@@ -1,0 +1,235 @@
+//! [`RateLimiter`]: a layer's limits, called directly, for what a layer
+//! cannot see (failed logins, WebSocket messages, jobs) and for operators.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use crate::decision::Decision;
+use crate::error::{ConfigError, KeyError, StoreError};
+use crate::failure::FailurePolicy;
+use crate::key::Key;
+use crate::layer::RateLimitLayer;
+use crate::limiter::Limiter;
+use crate::quota::Policy;
+use crate::store::Store;
+
+/// A cheap, cloneable handle on one policy's limits: `check`, `peek`,
+/// `refund` and `reset` a key yourself, with the same store, deadline,
+/// failure policy and [`Decision`] as the layer it comes from.
+///
+/// Take one from a layer with [`RateLimitLayer::limiter`] (then the layer
+/// and the handle share one budget, one circuit breaker and one local
+/// fallback), or build one alone with [`RateLimiter::new`]. Each call is
+/// one store call: on Redis one `EVALSHA` (a reset is one `DEL`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::num::NonZeroU32;
+/// use tollgate::{Key, MemoryStore, Policy, Quota, RateLimiter};
+///
+/// // Count failed logins only: five per caller per hour.
+/// let failed_logins = Policy::fixed_window("failed-logins", Quota::per_hour(NonZeroU32::new(5).unwrap()));
+/// let limiter = RateLimiter::new(failed_logins, MemoryStore::new()).unwrap();
+/// let caller = Key::new("203.0.113.9");
+/// for _ in 0..5 {
+///     assert!(limiter.check(&caller, 1).await.unwrap().allowed);
+/// }
+/// assert!(!limiter.check(&caller, 1).await.unwrap().allowed);
+/// limiter.reset(&caller).await.unwrap(); // an operator unblocks the caller
+/// assert_eq!(limiter.peek(&caller).await.unwrap().remaining, 5);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RateLimiter {
+    core: Arc<Limiter>,
+}
+
+impl fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("policy", &self.core.policy.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimiter {
+    /// A limiter for `policy` on `store`, with the layer's defaults (a
+    /// 100 ms deadline, a local fallback). For other options build a
+    /// [`RateLimitLayer`] and take its [`limiter`](RateLimitLayer::limiter).
+    ///
+    /// # Errors
+    ///
+    /// The policy's [`ConfigError`], as the layer's builder reports it.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Policy, Quota, RateLimiter};
+    ///
+    /// let jobs = Policy::gcra("jobs", Quota::per_second(NonZeroU32::new(10).unwrap()), NonZeroU32::new(20).unwrap());
+    /// let limiter = RateLimiter::new(jobs, MemoryStore::new()).unwrap();
+    /// assert_eq!(limiter.policy().name(), "jobs");
+    /// ```
+    pub fn new(policy: Policy, store: impl Store) -> Result<Self, ConfigError> {
+        let layer = RateLimitLayer::builder()
+            .policy(policy)
+            .store(store)
+            // Never asked: a handle is given its keys.
+            .key(|_: &Parts| Err(KeyError::Missing("key: a RateLimiter is given its keys")))
+            .build()?;
+        Ok(layer.limiter())
+    }
+
+    pub(crate) fn of(core: Arc<Limiter>) -> Self {
+        Self { core }
+    }
+
+    /// The policy this limiter enforces.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Policy, Quota, RateLimiter};
+    /// let policy = Policy::fixed_window("ws-messages", Quota::per_minute(NonZeroU32::new(600).unwrap()));
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// assert_eq!(limiter.policy().name(), "ws-messages");
+    /// ```
+    pub fn policy(&self) -> &Policy {
+        &self.core.policy
+    }
+
+    /// Charges `cost` to `key` if it fits: the decision the layer would
+    /// write its headers from. When the store fails or misses the deadline,
+    /// a local fallback decides (with [`Decision::fallback`] set); with
+    /// `FailurePolicy::Open` or `closed(..)` the store's error comes back
+    /// for you to apply, as you would for a request.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`], when no local fallback decided instead.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, RateLimiter};
+    /// let policy = Policy::fixed_window("jobs", Quota::per_minute(NonZeroU32::new(10).unwrap()));
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// let decision = limiter.check(&Key::new("tenant-7"), 4).await.unwrap();
+    /// assert_eq!((decision.allowed, decision.remaining), (true, 6));
+    /// # }
+    /// ```
+    pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        let core = &*self.core;
+        let err = match core.ask_main(key, cost).await {
+            Ok(decision) => {
+                core.learn_from_main(key, cost, &decision);
+                return Ok(decision);
+            }
+            Err(err) => err,
+        };
+        core.health.decided_without_store();
+        let FailurePolicy::Local(local) = &core.failure else {
+            return Err(err);
+        };
+        core.seed(local, key);
+        let mut decision = core.ask(&**local, key, cost).await?;
+        decision.fallback = true;
+        Ok(decision)
+    }
+
+    /// `key`'s current state, charging nothing: on Redis one read-only
+    /// script call, which replicas may serve. While the store fails, a local
+    /// fallback answers, with [`Decision::fallback`] set.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`], when no local fallback answered instead.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, RateLimiter};
+    /// let policy = Policy::fixed_window("jobs", Quota::per_minute(NonZeroU32::new(10).unwrap()));
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// assert_eq!(limiter.peek(&Key::new("tenant-7")).await.unwrap().remaining, 10);
+    /// # }
+    /// ```
+    pub async fn peek(&self, key: &Key) -> Result<Decision, StoreError> {
+        self.core.peek_key(key).await
+    }
+
+    /// Gives back what `decision` charged to `key`, if its window (or slot,
+    /// or place) is still the one charged: to the store that decided it,
+    /// the local fallback included. A rejection charged nothing and gives
+    /// nothing back. On Redis one `EVALSHA`.
+    ///
+    /// # Errors
+    ///
+    /// The deciding store's [`StoreError`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, RateLimiter};
+    /// let policy = Policy::fixed_window("jobs", Quota::per_minute(NonZeroU32::new(10).unwrap()));
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// let tenant = Key::new("tenant-7");
+    /// let charged = limiter.check(&tenant, 3).await.unwrap();
+    /// limiter.refund(&tenant, &charged).await.unwrap(); // the job was never run
+    /// assert_eq!(limiter.peek(&tenant).await.unwrap().remaining, 10);
+    /// # }
+    /// ```
+    pub async fn refund(&self, key: &Key, decision: &Decision) -> Result<(), StoreError> {
+        let core = &*self.core;
+        if !decision.allowed || decision.receipt.is_empty() {
+            return Ok(());
+        }
+        let store = match (&core.failure, decision.fallback) {
+            (FailurePolicy::Local(local), true) => local,
+            _ => &core.store,
+        };
+        let refund = store.refund(&core.policy, key, &decision.receipt);
+        let result = core.within_deadline(refund).await.0;
+        if result.is_ok() && !decision.fallback {
+            core.local.refunded(key);
+        }
+        result
+    }
+
+    /// Forgets `key`'s state under this policy, atomically, whatever the
+    /// strategy: the operator's unblock. On Redis one `DEL` of the caller's
+    /// keys; state every caller shares (a sliding log's resource quota) is
+    /// kept. The local fallback, the layer's cache of rejections and what
+    /// the fallback would start from forget the key too.
+    ///
+    /// # Errors
+    ///
+    /// The main store's [`StoreError`]; a store of your own that does not
+    /// implement [`Store::reset`] refuses.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, RateLimiter};
+    /// let policy = Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(1).unwrap()));
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// let customer = Key::new("customer-42");
+    /// limiter.check(&customer, 1).await.unwrap();
+    /// limiter.reset(&customer).await.unwrap();
+    /// assert!(limiter.check(&customer, 1).await.unwrap().allowed);
+    /// # }
+    /// ```
+    pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
+        let core = &*self.core;
+        let result = core
+            .within_deadline(core.store.reset(&core.policy, key))
+            .await
+            .0;
+        if let FailurePolicy::Local(local) = &core.failure {
+            // Best effort: the fallback only matters during an outage.
+            let _ = core.within_deadline(local.reset(&core.policy, key)).await;
+        }
+        core.forget(key);
+        result
+    }
+}
