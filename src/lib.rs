@@ -63,6 +63,7 @@ mod service;
 mod store;
 mod strategy;
 mod throttle;
+pub mod tier;
 
 pub use access::ClientIp;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -87,6 +88,7 @@ pub use store::{
 };
 pub use strategy::Strategy;
 pub use throttle::{SyncReport, SyncTask, Throttle, ThrottleBuilder, ThrottleStats};
+pub use tier::{Tiered, TieredLayer, TieredLayerBuilder, Unplaced};
 
 /// The README's examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]

@@ -5,6 +5,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
@@ -73,7 +74,8 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        limit(&mut self.inner, &self.limiter, request)
+        let (parts, body) = request.into_parts();
+        limit(&mut self.inner, &self.limiter, parts, body)
     }
 }
 
@@ -83,7 +85,8 @@ where
 pub(crate) fn limit<S, ReqBody, ResBody>(
     inner: &mut S,
     limiter: &Arc<Limiter>,
-    request: Request<ReqBody>,
+    mut parts: Parts,
+    body: ReqBody,
 ) -> ResponseFuture<S::Future, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -93,7 +96,6 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let (mut parts, body) = request.into_parts();
     let admitted = match limiter.admit_now(&mut parts) {
         Ok(Verdict::Respond(response)) => return ResponseFuture::answered(response),
         // Decided without waiting (an in-process store): the inner
