@@ -138,11 +138,13 @@ impl Tiers {
         match self.unplaced {
             Ok(tier) => {
                 let limiter = &self.limiters[tier];
-                tracing::debug!(chosen = ?chosen, tier = limiter.policy.name(), "rate limit tier not found; counting in the default tier");
+                tracing::debug!(chosen = ?chosen, tier = limiter.policy.name(),
+                    "rate limit tier not found; counting in the default tier");
                 Ok(limiter)
             }
             Err(status) => {
-                tracing::debug!(chosen = ?chosen, %status, "rate limit tier not found; refusing the request");
+                tracing::debug!(chosen = ?chosen, %status,
+                    "rate limit tier not found; refusing the request");
                 Err(status)
             }
         }
