@@ -16,7 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use support::counting::Counting;
-use support::redis::{shared_url, unique_prefix, RedisServer};
+use support::redis::{evalsha_calls, reset_stats, shared_url, unique_prefix, RedisServer};
 use tollgate::{
     FailurePolicy, HeaderKey, ManualClock, MemoryStore, PeekError, PeerIp, Policy, Quota,
     RateLimitLayer, RateLimitLayerBuilder, RedisStore, Store, TieredLayer, TieredLayerBuilder,
@@ -348,6 +348,27 @@ async fn one_request_is_one_store_check_in_one_tier() {
         send(&app, get_tiger(headers)).await;
     }
     assert_eq!(store.checks(), 3, "the unplaced request reached no store");
+}
+
+#[tokio::test]
+async fn on_redis_a_tiered_request_is_one_script_call() {
+    let server = RedisServer::start();
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(RedisStore::from_manager(conn).build().unwrap());
+    let app = app(tiers(store).build().unwrap(), [192, 0, 2, 13]);
+    let each_tier = [&[][..], &[KEY_1], &[ENT_1]];
+    for headers in each_tier {
+        send(&app, get_tiger(headers)).await; // loads the script
+    }
+    reset_stats(&server);
+    for headers in each_tier {
+        assert_eq!(send(&app, get_tiger(headers)).await.0, StatusCode::OK);
+    }
+    assert_eq!(evalsha_calls(&server), 3);
 }
 
 #[tokio::test]
