@@ -52,6 +52,7 @@
 //! - `GET /strategies/fixed_window_no_headers` (only with `ZOO_BENCH=1`):
 //!   the fixed window sending no rate-limit headers, as in-memory peers
 //!   answer a pass.
+//! - `GET /tiers/tigerfeeding`: tiers, as GitHub's API (`zoo_parts/tiers.rs`).
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -75,6 +76,8 @@ use serde_json::json;
 mod holding;
 #[path = "zoo_parts/instant.rs"]
 mod instant;
+#[path = "zoo_parts/tiers.rs"]
+mod tiers;
 
 use tollgate::headers::RateLimitHeaders;
 use tollgate::{
@@ -93,6 +96,7 @@ struct Settings {
     instant: instant::InstantSettings,
     bench: bool,
     holding: holding::HoldingSettings,
+    tiers: tiers::TierSettings,
     calls_in_flight: Option<NonZeroUsize>,
 }
 
@@ -124,6 +128,7 @@ impl Settings {
             instant: instant::InstantSettings::from_env()?,
             bench: env_or("ZOO_BENCH", 0u8)? == 1,
             holding: holding::HoldingSettings::from_env()?,
+            tiers: tiers::TierSettings::from_env()?,
             calls_in_flight: env_or("ZOO_CALLS_IN_FLIGHT", 0usize).map(NonZeroUsize::new)?,
         })
     }
@@ -146,6 +151,7 @@ impl Settings {
 #[derive(Clone)]
 struct Zoo {
     limits: Vec<RateLimitLayer>,
+    tiers: tollgate::TieredLayer,
 }
 
 async fn tigerfeeding(headers: HeaderMap) -> Response {
@@ -187,6 +193,16 @@ async fn rate_limit(State(zoo): State<Zoo>, parts: Parts) -> Response {
                     Json(json!({ "message": format!("rate limit state unavailable: {err}") }));
                 return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
             }
+        }
+    }
+    match tiers::peek(&zoo.tiers, &parts).await {
+        Ok((name, state, local)) => {
+            fallback |= local;
+            resources.insert(name, state);
+        }
+        Err(err) => {
+            let body = Json(json!({ "message": format!("rate limit state unavailable: {err}") }));
+            return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
         }
     }
     let rate = resources.get("tigerfeeding").cloned().unwrap_or_default();
@@ -248,16 +264,23 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         settings.redis_url.as_deref(),
     )
     .await?;
+    let tiers = tiers::routes(
+        &settings.tiers,
+        store.clone(),
+        settings.trusted_proxies.as_deref(),
+    )?;
 
     let mut zoo = Zoo {
         limits: vec![tiger_limit.clone()],
+        tiers: tiers.layer,
     };
     zoo.limits.extend(instant.limits);
     zoo.limits.extend(holding.limits);
     let mut router = Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
         .merge(instant.router)
-        .merge(holding.router);
+        .merge(holding.router)
+        .merge(tiers.router);
     let mut names = String::new();
     for policy in lineup::lineup(settings.quota) {
         let (path, name) = (
@@ -463,6 +486,7 @@ async fn serve() -> ExitCode {
     for line in settings.holding.describe(settings.redis_url.is_some()) {
         println!("  {line}");
     }
+    println!("  {}", settings.tiers.describe());
     let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

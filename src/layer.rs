@@ -64,7 +64,7 @@ pub const DEFAULT_COOLDOWN: Duration = Duration::from_millis(500);
 /// ```
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    limiter: Arc<Limiter>,
+    pub(crate) limiter: Arc<Limiter>,
 }
 
 impl fmt::Debug for RateLimitLayer {
@@ -161,6 +161,9 @@ pub enum PeekError {
     Key(KeyError),
     /// The store failed or missed the deadline.
     Store(StoreError),
+    /// A [tiered layer](crate::TieredLayer) could not place the request in
+    /// any of its tiers, and answers such requests with a status.
+    Unplaced,
 }
 
 impl fmt::Display for PeekError {
@@ -168,6 +171,7 @@ impl fmt::Display for PeekError {
         match self {
             PeekError::Key(e) => e.fmt(f),
             PeekError::Store(e) => e.fmt(f),
+            PeekError::Unplaced => f.write_str("the request fits no rate-limit tier"),
         }
     }
 }
@@ -177,6 +181,7 @@ impl std::error::Error for PeekError {
         match self {
             PeekError::Key(e) => Some(e),
             PeekError::Store(e) => Some(e),
+            PeekError::Unplaced => None,
         }
     }
 }
@@ -561,6 +566,12 @@ impl RateLimitLayerBuilder {
     /// use it and its sharp edges.
     pub fn local_cache(mut self, cache: crate::local::LocalCache) -> Self {
         self.local.set_cache(cache);
+        self
+    }
+
+    /// `store` unless a store was given: how a tiered layer's tiers share one.
+    pub(crate) fn or_store(mut self, store: &Arc<dyn Store>) -> Self {
+        self.store.get_or_insert_with(|| store.clone());
         self
     }
 

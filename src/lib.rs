@@ -67,6 +67,7 @@ pub mod store;
 mod strategy;
 #[cfg(feature = "throttle")]
 pub mod throttle;
+pub mod tier;
 
 pub use decision::Decision;
 pub use error::{ConfigError, KeyError, StoreError};
@@ -79,6 +80,7 @@ pub use rate_limiter::RateLimiter;
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};
 pub use strategy::Strategy;
+pub use tier::TieredLayer;
 
 /// The README's and docs/' examples, compiled as doctests so they cannot
 /// rot; they use every feature, so they run with all of them.

@@ -5,6 +5,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
@@ -73,57 +74,74 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let (mut parts, body) = request.into_parts();
-        let admitted = match self.limiter.admit_now(&mut parts) {
-            Ok(Verdict::Respond(response)) => return ResponseFuture::answered(response),
-            // Decided without waiting (an in-process store): the inner
-            // service, made ready in `poll_ready`, runs in place.
-            Ok(Verdict::Pass(pass)) if pass.delay().is_none() => {
-                let guard = self
-                    .limiter
-                    .release_guard(&pass)
-                    .and_then(ReleaseGuard::keep_if_held);
-                let future = self.inner.call(Request::from_parts(parts, body));
-                let settle = Settle {
-                    limiter: self.limiter.clone(),
-                    pass,
-                    guard,
-                };
-                return ResponseFuture::inner(future, settle);
-            }
-            Ok(Verdict::Pass(pass)) => Admitted::Queued(pass),
-            Err(pending) => Admitted::Pending(pending),
-        };
-        // The inner service is called later: take the one driven to
-        // readiness and leave a fresh clone behind (tower's "be careful when
-        // cloning inner services").
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let limiter = self.limiter.clone();
-        ResponseFuture::boxed(async move {
-            let pass = match admitted {
-                Admitted::Queued(pass) => pass,
-                Admitted::Pending(pending) => {
-                    match limiter.admit_later(&mut parts, pending).await {
-                        Verdict::Pass(pass) => pass,
-                        Verdict::Respond(response) => return Ok(response),
-                    }
-                }
-            };
-            // Dropping this future from here on (the client left) drops the
-            // guard, which gives the charge back without blocking.
-            let guard = limiter.release_guard(&pass);
-            if let Some(delay) = pass.delay() {
-                // A leaky bucket's turn: wait without blocking the runtime.
-                tokio::time::sleep(delay).await;
-            }
-            let guard = guard.and_then(ReleaseGuard::keep_if_held);
-            let response = inner.call(Request::from_parts(parts, body)).await?;
-            let (mut head, body) = response.into_parts();
-            limiter.settle(pass, head.status, &mut head.headers).await;
-            Ok(Response::from_parts(head, body_of(body, guard)))
-        })
+        let (parts, body) = request.into_parts();
+        limit(&mut self.inner, &self.limiter, parts, body)
     }
+}
+
+/// The request path under one limiter: [`RateLimit`]'s, and that of any
+/// service that picks a limiter per request. Kept in one place so that
+/// every way in runs the same decide, settle and release steps.
+pub(crate) fn limit<S, ReqBody, ResBody>(
+    inner: &mut S,
+    limiter: &Arc<Limiter>,
+    mut parts: Parts,
+    body: ReqBody,
+) -> ResponseFuture<S::Future, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let admitted = match limiter.admit_now(&mut parts) {
+        Ok(Verdict::Respond(response)) => return ResponseFuture::answered(response),
+        // Decided without waiting (an in-process store): the inner
+        // service, made ready in `poll_ready`, runs in place.
+        Ok(Verdict::Pass(pass)) if pass.delay().is_none() => {
+            let guard = limiter
+                .release_guard(&pass)
+                .and_then(ReleaseGuard::keep_if_held);
+            let future = inner.call(Request::from_parts(parts, body));
+            let settle = Settle {
+                limiter: limiter.clone(),
+                pass,
+                guard,
+            };
+            return ResponseFuture::inner(future, settle);
+        }
+        Ok(Verdict::Pass(pass)) => Admitted::Queued(pass),
+        Err(pending) => Admitted::Pending(pending),
+    };
+    // The inner service is called later: take the one driven to
+    // readiness and leave a fresh clone behind (tower's "be careful when
+    // cloning inner services").
+    let clone = inner.clone();
+    let mut inner = std::mem::replace(inner, clone);
+    let limiter = limiter.clone();
+    ResponseFuture::boxed(async move {
+        let pass = match admitted {
+            Admitted::Queued(pass) => pass,
+            Admitted::Pending(pending) => match limiter.admit_later(&mut parts, pending).await {
+                Verdict::Pass(pass) => pass,
+                Verdict::Respond(response) => return Ok(response),
+            },
+        };
+        // Dropping this future from here on (the client left) drops the
+        // guard, which gives the charge back without blocking.
+        let guard = limiter.release_guard(&pass);
+        if let Some(delay) = pass.delay() {
+            // A leaky bucket's turn: wait without blocking the runtime.
+            tokio::time::sleep(delay).await;
+        }
+        let guard = guard.and_then(ReleaseGuard::keep_if_held);
+        let response = inner.call(Request::from_parts(parts, body)).await?;
+        let (mut head, body) = response.into_parts();
+        limiter.settle(pass, head.status, &mut head.headers).await;
+        Ok(Response::from_parts(head, body_of(body, guard)))
+    })
 }
 
 /// A request admitted by [`Limiter::admit_now`] that still has to wait: for
