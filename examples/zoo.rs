@@ -12,6 +12,9 @@
 //! `ZOO_BENCH=1` adds `/unlimited`, `/strategies/identity_layer`,
 //! `/strategies/headers_only` and (with Redis) `/strategies/redis_ping` for
 //! `scripts/load.sh`.
+//! `ZOO_HEADERS` picks the header dialect every limited route sends:
+//! `github` (the default), `ietf` (draft-11's `RateLimit` and
+//! `RateLimit-Policy`) or `both`.
 //! `ZOO_CALLS_IN_FLIGHT` sets the Redis store's batching calls in flight
 //! (`RedisStoreBuilder::calls_in_flight`; default 4).
 //!
@@ -53,6 +56,12 @@
 //!   the fixed window sending no rate-limit headers, as in-memory peers
 //!   answer a pass.
 //! - `GET /tiers/tigerfeeding`: tiers, as GitHub's API (`zoo_parts/tiers.rs`).
+//! - `POST /login`: `X-Password: stripes` logs in; only failed attempts are
+//!   counted, `ZOO_LOGIN_FAILURES` (3) per `ZOO_LOGIN_WINDOW_SECS` (60) per
+//!   caller, with the `RateLimiter` handle (`zoo_parts/accounts.rs`).
+//! - `POST /admin/reset?ip=..` or `?api_key=..`: resets that caller in every
+//!   limit (the operator's unblock), with `Authorization: Bearer` and the
+//!   token in `ZOO_ADMIN_TOKEN`; off without one.
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -62,7 +71,7 @@ mod lineup;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -72,6 +81,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
+#[path = "zoo_parts/accounts.rs"]
+mod accounts;
 #[path = "zoo_parts/holding.rs"]
 mod holding;
 #[path = "zoo_parts/instant.rs"]
@@ -97,7 +108,28 @@ struct Settings {
     bench: bool,
     holding: holding::HoldingSettings,
     tiers: tiers::TierSettings,
+    accounts: accounts::AccountSettings,
     calls_in_flight: Option<NonZeroUsize>,
+}
+
+/// The header dialect every limited route sends (`ZOO_HEADERS`).
+static DIALECT: OnceLock<RateLimitHeaders> = OnceLock::new();
+
+/// `ZOO_HEADERS`: `github` (the default), `ietf` (draft-11's `RateLimit`
+/// and `RateLimit-Policy`) or `both`.
+fn read_dialect() -> Result<RateLimitHeaders, String> {
+    let wanted = std::env::var("ZOO_HEADERS").unwrap_or_default();
+    match wanted.trim() {
+        "" | "github" => Ok(RateLimitHeaders::GITHUB),
+        "ietf" => Ok(RateLimitHeaders::NONE.with_ietf_draft(true)),
+        "both" => Ok(RateLimitHeaders::GITHUB.with_ietf_draft(true)),
+        other => Err(format!("ZOO_HEADERS={other:?}: github, ietf or both")),
+    }
+}
+
+/// The dialect read at start-up, for every route's layer.
+fn dialect() -> RateLimitHeaders {
+    DIALECT.get().copied().unwrap_or_default()
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -113,6 +145,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
 impl Settings {
     fn from_env() -> Result<Self, String> {
         let addr = env_or("ZOO_ADDR", SocketAddr::from(([127, 0, 0, 1], 3000)))?;
+        let _ = DIALECT.set(read_dialect()?);
         let limit: u32 = env_or("ZOO_LIMIT", 5)?;
         let window: u64 = env_or("ZOO_WINDOW_SECS", 10)?;
         let quota = Quota::new(limit, Duration::from_secs(window)).map_err(|e| e.to_string())?;
@@ -129,6 +162,7 @@ impl Settings {
             bench: env_or("ZOO_BENCH", 0u8)? == 1,
             holding: holding::HoldingSettings::from_env()?,
             tiers: tiers::TierSettings::from_env()?,
+            accounts: accounts::AccountSettings::from_env()?,
             calls_in_flight: env_or("ZOO_CALLS_IN_FLIGHT", 0usize).map(NonZeroUsize::new)?,
         })
     }
@@ -250,6 +284,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     let key = settings.caller_key()?;
 
     let tiger_limit = RateLimitLayer::builder()
+        .headers(dialect())
         .policy(Policy::fixed_window("tigerfeeding", settings.quota))
         .shared_store(store.clone())
         .key(key.clone())
@@ -288,6 +323,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
             policy.name().to_owned(),
         );
         let limit = RateLimitLayer::builder()
+            .headers(dialect())
             .policy(policy)
             .shared_store(store.clone())
             .key(key.clone())
@@ -306,6 +342,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
             .find(|p| p.name() == "fixed_window")
             .ok_or("the lineup has no fixed window")?;
         let limit = RateLimitLayer::builder()
+            .headers(dialect())
             .policy(policy)
             .shared_store(store.clone())
             .key(key.clone())
@@ -319,6 +356,23 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         names.push_str("fixed_window_no_headers\n");
     }
     router = router.route("/strategies", get(move || async move { names }));
+    // Every limit the admin route may reset: the routes' and the tiers'.
+    let resettable = zoo
+        .limits
+        .iter()
+        .map(RateLimitLayer::limiter)
+        .chain(
+            zoo.tiers
+                .tiers()
+                .filter_map(|policy| zoo.tiers.limiter(policy.name())),
+        )
+        .collect();
+    router = router.merge(accounts::routes(
+        &settings.accounts,
+        store.clone(),
+        key.clone(),
+        resettable,
+    )?);
     if settings.bench {
         // The baseline at the limited routes' depth, so the comparison
         // differs in the limiter alone, not in routing a longer path.
@@ -487,6 +541,9 @@ async fn serve() -> ExitCode {
         println!("  {line}");
     }
     println!("  {}", settings.tiers.describe());
+    for line in settings.accounts.describe() {
+        println!("  {line}");
+    }
     let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -129,6 +129,7 @@ pub async fn routes<S: Clone + Send + Sync + 'static>(
     redis_url: Option<&str>,
 ) -> Result<Holding<S>, String> {
     let leaky = RateLimitLayer::builder()
+        .headers(super::dialect())
         .policy(Policy::leaky_bucket(
             "tigerfeeding.leaky",
             settings.leaky_rate,
@@ -146,6 +147,7 @@ pub async fn routes<S: Clone + Send + Sync + 'static>(
     )
     .map_err(|e| e.to_string())?;
     let concurrency = RateLimitLayer::builder()
+        .headers(super::dialect())
         .policy(policy)
         .shared_store(store)
         .key(key.clone())

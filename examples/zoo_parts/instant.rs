@@ -99,6 +99,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
     let mut limits = Vec::new();
     for (path, policy) in &settings.policies {
         let layer = RateLimitLayer::builder()
+            .headers(super::dialect())
             .policy(policy.clone())
             .shared_store(store.clone())
             .key(key.clone())

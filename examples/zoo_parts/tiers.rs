@@ -94,6 +94,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
         };
         builder = builder.tier(
             RateLimitLayer::builder()
+                .headers(super::dialect())
                 .policy(Policy::fixed_window(*name, *quota))
                 .key(by),
         );

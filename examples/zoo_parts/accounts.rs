@@ -1,0 +1,232 @@
+//! The zoo's routes for limits a layer cannot see, counted with the
+//! [`RateLimiter`] handle: a login that charges only failed attempts, and an
+//! operator's route that resets a caller.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::json;
+use tollgate::{Decision, Key, KeyExtractor, Policy, Quota, RateLimitLayer, RateLimiter, Store};
+
+use super::env_or;
+
+/// The zoo keeper's password; any other is a failed attempt.
+const PASSWORD: &str = "stripes";
+
+/// What the two routes need.
+pub struct AccountSettings {
+    failed_logins: Quota,
+    admin_token: Option<String>,
+}
+
+impl AccountSettings {
+    /// `ZOO_LOGIN_FAILURES` (3) failed logins per `ZOO_LOGIN_WINDOW_SECS`
+    /// (60) per caller; `ZOO_ADMIN_TOKEN` turns the admin route on.
+    pub fn from_env() -> Result<Self, String> {
+        let window = Duration::from_secs(env_or("ZOO_LOGIN_WINDOW_SECS", 60)?);
+        let failed_logins = Quota::new(env_or("ZOO_LOGIN_FAILURES", 3)?, window)
+            .map_err(|e| format!("ZOO_LOGIN_FAILURES: {e}"))?;
+        let admin_token = std::env::var("ZOO_ADMIN_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty());
+        Ok(Self {
+            failed_logins,
+            admin_token,
+        })
+    }
+
+    /// Lines for the start-up banner.
+    pub fn describe(&self) -> Vec<String> {
+        vec![
+            format!(
+                "POST /login: {} failed attempts per {:?} per caller (X-Password: {PASSWORD} succeeds)",
+                self.failed_logins.limit(),
+                self.failed_logins.window()
+            ),
+            match &self.admin_token {
+                Some(_) => "POST /admin/reset?ip=..|api_key=..: resets a caller (Authorization: Bearer $ZOO_ADMIN_TOKEN)".into(),
+                None => "POST /admin/reset: off (set ZOO_ADMIN_TOKEN)".into(),
+            },
+        ]
+    }
+}
+
+#[derive(Clone)]
+struct Accounts {
+    failed_logins: RateLimiter,
+    key: Arc<dyn KeyExtractor>,
+    /// Every limit the admin route resets, failed logins included.
+    resettable: Arc<[RateLimiter]>,
+    admin_token: Option<Arc<str>>,
+}
+
+/// `POST /login` and `POST /admin/reset`, over `store` and the zoo's caller
+/// key; the admin route resets `limits` and the failed logins.
+pub fn routes<S: Clone + Send + Sync + 'static>(
+    settings: &AccountSettings,
+    store: Arc<dyn Store>,
+    key: Arc<dyn KeyExtractor>,
+    limits: Vec<RateLimiter>,
+) -> Result<Router<S>, String> {
+    let failed_logins = RateLimitLayer::builder()
+        .policy(Policy::fixed_window(
+            "failed-logins",
+            settings.failed_logins,
+        ))
+        .shared_store(store)
+        .key(key.clone())
+        .build()
+        .map_err(|e| format!("failed logins: {e}"))?
+        .limiter();
+    let resettable = limits.into_iter().chain([failed_logins.clone()]).collect();
+    let accounts = Accounts {
+        failed_logins,
+        key,
+        resettable,
+        admin_token: settings.admin_token.as_deref().map(Arc::from),
+    };
+    Ok(Router::new()
+        .route("/login", post(login))
+        .route("/admin/reset", post(reset))
+        .with_state(accounts))
+}
+
+/// A caller locked out by failed attempts gets 429 before the password is
+/// looked at; a failed attempt is charged; a success costs nothing.
+async fn login(State(accounts): State<Accounts>, parts: Parts) -> Response {
+    let key = match accounts.key.extract(&parts) {
+        Ok(key) => key,
+        Err(err) => return (StatusCode::BAD_REQUEST, err.to_string()).into_response(),
+    };
+    let limiter = &accounts.failed_logins;
+    match limiter.peek(&key).await {
+        Ok(state) if state.remaining == 0 => return locked_out(&state),
+        Ok(_) => {}
+        Err(err) => return unavailable(&err),
+    }
+    let password = parts.headers.get("x-password").map(|v| v.as_bytes());
+    if password == Some(PASSWORD.as_bytes()) {
+        return Json(json!({ "message": "welcome, keeper" })).into_response();
+    }
+    match limiter.check(&key, 1).await {
+        Ok(failure) if failure.allowed => (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({
+                "message": "wrong password",
+                "attempts_left": failure.remaining,
+            })),
+        )
+            .into_response(),
+        Ok(rejected) => locked_out(&rejected),
+        Err(err) => unavailable(&err),
+    }
+}
+
+fn locked_out(state: &Decision) -> Response {
+    let retry = state.reset_epoch_secs().saturating_sub(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    );
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [("retry-after", retry.max(1).to_string())],
+        Json(json!({ "message": "too many failed logins", "reset": state.reset_epoch_secs() })),
+    )
+        .into_response()
+}
+
+fn unavailable(err: &tollgate::StoreError) -> Response {
+    let body = Json(json!({ "message": format!("rate limit store unavailable: {err}") }));
+    (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+}
+
+/// Whom to reset: the address or the API key the caller sends.
+struct Whom {
+    ip: Option<IpAddr>,
+    api_key: Option<String>,
+}
+
+impl Whom {
+    fn from_query(query: &HashMap<String, String>) -> Result<Self, String> {
+        let ip = match query.get("ip") {
+            Some(ip) => Some(
+                ip.parse()
+                    .map_err(|_| format!("ip={ip:?} is not an address"))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            ip,
+            api_key: query.get("api_key").cloned(),
+        })
+    }
+}
+
+/// The operator's unblock: resets the caller named by `ip` or `api_key` in
+/// every zoo limit, keyed exactly as the limits key its requests.
+async fn reset(
+    State(accounts): State<Accounts>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(token) = &accounts.admin_token else {
+        return (
+            StatusCode::NOT_FOUND,
+            "the admin route is off: set ZOO_ADMIN_TOKEN",
+        )
+            .into_response();
+    };
+    let sent = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if sent.map(str::as_bytes) != Some(token.as_bytes()) {
+        return (StatusCode::FORBIDDEN, "wrong or missing admin token").into_response();
+    }
+    let key = match Whom::from_query(&query).and_then(|whom| caller(&accounts, &whom)) {
+        Ok(key) => key,
+        Err(why) => return (StatusCode::BAD_REQUEST, why).into_response(),
+    };
+    let mut reset = Vec::new();
+    for limiter in accounts.resettable.iter() {
+        if let Err(err) = limiter.reset(&key).await {
+            return unavailable(&err);
+        }
+        reset.push(limiter.policy().name().to_owned());
+    }
+    Json(json!({ "reset": reset })).into_response()
+}
+
+/// The key the zoo's extractor gives a request from `whom`: built from a
+/// request as that caller would send it, so an address is grouped and an
+/// API key hashed exactly as on the limited routes.
+fn caller(accounts: &Accounts, whom: &Whom) -> Result<Key, String> {
+    let mut request = Request::get("/");
+    if let Some(api_key) = &whom.api_key {
+        request = request.header("x-api-key", api_key);
+    } else if whom.ip.is_none() {
+        return Err("name the caller: ?ip=.. or ?api_key=..".into());
+    }
+    let (mut parts, ()) = request
+        .body(())
+        .map_err(|e| format!("bad api_key: {e}"))?
+        .into_parts();
+    if let Some(ip) = whom.ip {
+        parts.extensions.insert(ConnectInfo(SocketAddr::new(ip, 0)));
+        // Behind trusted proxies the zoo reads the client from here.
+        parts.headers.insert(
+            "x-forwarded-for",
+            ip.to_string().parse().map_err(|_| "bad ip".to_string())?,
+        );
+    }
+    accounts.key.extract(&parts).map_err(|e| e.to_string())
+}
