@@ -110,4 +110,6 @@ mod docs_doctests {
     struct Zoo;
     #[doc = include_str!("../docs/benchmarks.md")]
     struct Benchmarks;
+    #[doc = include_str!("../docs/tiers.md")]
+    struct Tiers;
 }

@@ -155,8 +155,3 @@ impl Tiers {
         }
     }
 }
-
-/// `docs/tiers.md`'s example, compiled as a doctest so it cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/tiers.md")]
-struct TiersDoctests;
