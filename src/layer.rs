@@ -80,7 +80,44 @@ impl fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
+    /// The common case in one line: `policy` for each client IP (the TCP
+    /// peer, IPv6 by /64), kept in `store`, with every other option at its
+    /// default. Behind a proxy, or keyed by token, use the
+    /// [`builder`](Self::builder).
+    ///
+    /// # Errors
+    ///
+    /// The policy's [`ConfigError`].
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use axum::{routing::get, Router};
+    /// use tollgate::{MemoryStore, Policy, Quota, RateLimitLayer};
+    ///
+    /// let per_ip = RateLimitLayer::new(
+    ///     Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(60).unwrap())),
+    ///     MemoryStore::new(), // or RedisStore::connect(url).await?
+    /// )?;
+    /// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(per_ip);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn new(policy: Policy, store: impl Store) -> Result<Self, ConfigError> {
+        Self::builder().policy(policy).store(store).build()
+    }
+
     /// Starts configuring a layer.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{HeaderKey, KeyExtractor, PeerIp, Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(5000).unwrap())))
+    ///     .key(HeaderKey::new("x-api-key").or(PeerIp::new()))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.policy().name(), "core");
+    /// ```
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder::default()
     }
@@ -562,7 +599,7 @@ impl RateLimitLayerBuilder {
 
     /// Rejects keys the store has found exhausted in this process until they
     /// free up, without a store call and with the same response. Off by
-    /// default. See [`LocalCache`](crate::layer::LocalCache) for which strategies
+    /// default. See [`LocalCache`] for which strategies
     /// use it and its sharp edges.
     pub fn local_cache(mut self, cache: crate::local::LocalCache) -> Self {
         self.local.set_cache(cache);

@@ -54,10 +54,12 @@ pub mod layer;
 mod limiter;
 mod local;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 #[cfg(feature = "queue")]
+#[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
 mod quota;
 mod rate_limiter;
@@ -67,6 +69,7 @@ mod service;
 pub mod store;
 mod strategy;
 #[cfg(feature = "throttle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "throttle")))]
 pub mod throttle;
 pub mod tier;
 
@@ -78,6 +81,7 @@ pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use quota::{Policy, Quota};
 pub use rate_limiter::RateLimiter;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};
 pub use strategy::Strategy;

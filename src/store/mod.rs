@@ -11,10 +11,13 @@ pub(crate) mod redis;
 
 pub use self::memory::MemoryStore;
 #[cfg(feature = "cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub use self::redis::ClusterConfig;
 #[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use self::redis::SentinelConfig;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisStore, RedisStoreBuilder, Shard, ShardedConfig};
 pub(crate) use keys::KeySpace;
 

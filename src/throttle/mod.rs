@@ -558,6 +558,7 @@ impl ThrottleBuilder {
     /// Shares callers with every app server using the same Redis, prefix and
     /// throttle name, over `store`'s connection. Needs the `redis` feature.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn redis(mut self, store: &RedisStore) -> Self {
         self.redis = Some(store.clone());
         self

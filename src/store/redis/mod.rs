@@ -399,6 +399,7 @@ impl RedisStore {
     }
 
     #[cfg(feature = "deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     /// Over a deadpool-redis pool (with `TCP_NODELAY`, see
     /// [`from_manager`](Self::from_manager)). One connection is checked out and shared
     /// (it is multiplexed) until it breaks, so the pool's health check does
@@ -408,6 +409,7 @@ impl RedisStore {
     }
 
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     /// Over a Redis Cluster connection: each decision's keys share a hash tag,
     /// so a script always runs on the one node that owns them, and the store
     /// follows redirections itself (see [`ClusterConfig`]). Prefer
@@ -424,6 +426,7 @@ impl RedisStore {
     }
 
     #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     /// Redis Cluster, reached through any of the seed `nodes`; see
     /// [`ClusterConfig`] for what it follows and retries.
     ///
@@ -460,6 +463,7 @@ impl RedisStore {
     }
 
     #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     /// The primary that the Redis Sentinels at `sentinels` monitor as
     /// `master_name`, followed through failovers; see [`SentinelConfig`].
     ///
