@@ -495,3 +495,64 @@ async fn a_tiers_limiter_spends_and_resets_that_tier_alone() {
     );
     assert!(layer.limiter("gold").is_none());
 }
+
+/// Tiers of different strategies on one Redis: each tier admits exactly its
+/// own budget through HTTP and counts only its callers, whatever the
+/// strategy, and a caller switching tiers is counted once, in the new one.
+#[tokio::test]
+async fn tiers_of_every_strategy_count_only_their_own_callers_on_redis() {
+    let three = std::num::NonZeroU32::new(3).unwrap();
+    let candidates = [
+        Policy::sliding_window("window", quota(3, 60)),
+        Policy::sliding_log("log", quota(100, 60), quota(3, 60)),
+        Policy::gcra("gcra", quota(3, 60), three),
+        Policy::uniform_gate("gate", Duration::from_secs(60)).unwrap(),
+    ];
+    // (The concurrency limit frees a slot as each response ends: sequential
+    // requests never meet its limit; `tests/concurrency.rs` runs it in flight.)
+    for policy in candidates {
+        let name = policy.name().to_owned();
+        let budget = if name == "gate" { 1 } else { 3 };
+        // The chooser hands back a name that lives as long as the layer.
+        let keyed_tier: &'static str = Box::leak(name.clone().into_boxed_str());
+        let layer = TieredLayer::builder()
+            .tier(tier("anonymous", 2, 60).key(PeerIp::new()))
+            .tier(
+                RateLimitLayer::builder()
+                    .policy(policy)
+                    .key(HeaderKey::new("x-api-key")),
+            )
+            .choose(move |parts: &Parts| {
+                Some(if parts.headers.contains_key("x-api-key") {
+                    keyed_tier
+                } else {
+                    "anonymous"
+                })
+            })
+            .shared_store(redis(&format!("tier-{name}")).await)
+            .build()
+            .unwrap();
+        let app = app(layer.clone(), [10, 0, 0, 9]);
+        let keyed = [("x-api-key", "sk-1")];
+        let mut passed = 0;
+        for _ in 0..budget + 2 {
+            let (status, headers, _) = send(&app, get_tiger(&keyed)).await;
+            assert_eq!(h(&headers, "x-ratelimit-resource"), name, "{name}");
+            passed += u32::from(status == StatusCode::OK);
+        }
+        assert_eq!(passed, budget, "{name}: the tier's own budget");
+        let (tier_name, left) = peek(&layer, [10, 0, 0, 9], &[]).await;
+        assert_eq!(
+            (tier_name.as_str(), left),
+            ("anonymous", 2),
+            "{name}: anonymous untouched"
+        );
+        let (status, headers, _) = send(&app, get_tiger(&[])).await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+        assert_eq!(
+            h(&headers, "x-ratelimit-remaining"),
+            "1",
+            "{name}: counted once, anonymously"
+        );
+    }
+}
