@@ -562,7 +562,7 @@ impl RateLimitLayerBuilder {
 
     /// Rejects keys the store has found exhausted in this process until they
     /// free up, without a store call and with the same response. Off by
-    /// default. See [`LocalCache`](crate::layer::LocalCache) for which strategies
+    /// default. See [`LocalCache`] for which strategies
     /// use it and its sharp edges.
     pub fn local_cache(mut self, cache: crate::local::LocalCache) -> Self {
         self.local.set_cache(cache);
