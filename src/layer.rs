@@ -81,6 +81,20 @@ impl fmt::Debug for RateLimitLayer {
 
 impl RateLimitLayer {
     /// Starts configuring a layer.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, PeerIp, Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
+    ///     .key(PeerIp::new())
+    ///     .store(MemoryStore::new())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.policy().name(), "core");
+    /// assert!(RateLimitLayer::builder().build().is_err(), "a policy is required");
+    /// ```
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder::default()
     }
