@@ -62,6 +62,12 @@ pub struct ManualClock(Arc<AtomicU64>);
 
 impl ManualClock {
     /// A clock standing at `micros` since the epoch.
+    ///
+    /// ```
+    /// use tollgate::clock::{Clock, ManualClock};
+    /// let clock = ManualClock::new(1_000_000);
+    /// assert_eq!(clock.now_micros(), 1_000_000);
+    /// ```
     pub fn new(micros: u64) -> Self {
         Self(Arc::new(AtomicU64::new(micros)))
     }

@@ -54,6 +54,14 @@ pub struct Decision {
 
 impl Decision {
     /// A pass with `used` of `limit` spent.
+    ///
+    /// ```
+    /// use tollgate::Decision;
+    /// let d = Decision::allowed(10, 3, 60_000_000, 1_000_000);
+    /// assert!(d.allowed);
+    /// assert_eq!(d.remaining, 7);
+    /// assert_eq!(d.retry_after_secs(), None);
+    /// ```
     pub fn allowed(limit: u64, used: u64, reset_at_micros: u64, now_micros: u64) -> Self {
         Self {
             allowed: true,
@@ -210,6 +218,13 @@ pub struct Receipt {
 
 impl Receipt {
     /// A receipt for `cost` units charged to the entries named by `stamps`.
+    ///
+    /// ```
+    /// use tollgate::decision::Receipt;
+    /// let r = Receipt::new(2, vec![10_000_000, 20_000_000]);
+    /// assert_eq!(r.cost(), 2);
+    /// assert_eq!(r.stamps(), &[10_000_000, 20_000_000]);
+    /// ```
     pub fn new(cost: u64, stamps: Vec<u64>) -> Self {
         Self::of(cost, stamps)
     }

@@ -118,6 +118,14 @@ pub struct StoreError {
 
 impl StoreError {
     /// An error of `kind` caused by `source`.
+    ///
+    /// ```
+    /// use tollgate::StoreError;
+    /// use tollgate::error::StoreErrorKind;
+    /// let err = StoreError::new(StoreErrorKind::Unavailable, "connection refused");
+    /// assert_eq!(err.kind(), StoreErrorKind::Unavailable);
+    /// assert_eq!(err.to_string(), "rate limit store unavailable: connection refused");
+    /// ```
     pub fn new(kind: StoreErrorKind, source: impl Into<BoxError>) -> Self {
         Self {
             kind,
@@ -126,6 +134,14 @@ impl StoreError {
     }
 
     /// The deadline passed before the store answered.
+    ///
+    /// ```
+    /// use std::error::Error;
+    /// use tollgate::StoreError;
+    /// let err = StoreError::timeout();
+    /// assert_eq!(err.to_string(), "rate limit store timeout");
+    /// assert!(err.source().is_none());
+    /// ```
     pub fn timeout() -> Self {
         Self {
             kind: StoreErrorKind::Timeout,
@@ -151,6 +167,14 @@ impl StoreError {
     }
 
     /// The answer could not be understood.
+    ///
+    /// ```
+    /// use tollgate::StoreError;
+    /// use tollgate::error::StoreErrorKind;
+    /// let err = StoreError::protocol("expected 3 integers");
+    /// assert_eq!(err.kind(), StoreErrorKind::Protocol);
+    /// assert_eq!(err.to_string(), "rate limit store protocol: expected 3 integers");
+    /// ```
     pub fn protocol(why: impl Into<String>) -> Self {
         Self::new(StoreErrorKind::Protocol, why.into())
     }

@@ -47,11 +47,24 @@ pub enum FailurePolicy {
 
 impl FailurePolicy {
     /// Fail closed with `Retry-After: retry_after`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::FailurePolicy;
+    /// let policy = FailurePolicy::closed(Duration::from_secs(2));
+    /// assert!(matches!(policy, FailurePolicy::Closed { retry_after } if retry_after.as_secs() == 2));
+    /// ```
     pub fn closed(retry_after: Duration) -> Self {
         Self::Closed { retry_after }
     }
 
     /// Fall back to a fresh in-process [`MemoryStore`].
+    ///
+    /// ```
+    /// use tollgate::FailurePolicy;
+    /// assert!(matches!(FailurePolicy::local(), FailurePolicy::Local(_)));
+    /// assert!(matches!(FailurePolicy::default(), FailurePolicy::Local(_)));
+    /// ```
     pub fn local() -> Self {
         Self::Local(Arc::new(MemoryStore::new()))
     }

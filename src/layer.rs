@@ -109,14 +109,16 @@ impl RateLimitLayer {
     ///
     /// ```
     /// use std::num::NonZeroU32;
-    /// use tollgate::{HeaderKey, KeyExtractor, PeerIp, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{MemoryStore, PeerIp, Policy, Quota, RateLimitLayer};
     ///
     /// let layer = RateLimitLayer::builder()
-    ///     .policy(Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(5000).unwrap())))
-    ///     .key(HeaderKey::new("x-api-key").or(PeerIp::new()))
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(60).unwrap())))
+    ///     .key(PeerIp::new())
+    ///     .store(MemoryStore::new())
     ///     .build()
     ///     .unwrap();
     /// assert_eq!(layer.policy().name(), "core");
+    /// assert!(RateLimitLayer::builder().build().is_err(), "a policy is required");
     /// ```
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder::default()

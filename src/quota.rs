@@ -32,21 +32,52 @@ pub struct Quota {
 
 impl Quota {
     /// `limit` per second.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::Quota;
+    /// let q = Quota::per_second(NonZeroU32::new(10).unwrap());
+    /// assert_eq!((q.limit(), q.window()), (10, Duration::from_secs(1)));
+    /// ```
     pub const fn per_second(limit: NonZeroU32) -> Self {
         Self::of(limit, Duration::from_secs(1))
     }
 
     /// `limit` per minute.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::Quota;
+    /// // `const`, so a quota can be a constant:
+    /// const SEARCH: Quota = Quota::per_minute(NonZeroU32::new(30).unwrap());
+    /// assert_eq!((SEARCH.limit(), SEARCH.window()), (30, Duration::from_secs(60)));
+    /// ```
     pub const fn per_minute(limit: NonZeroU32) -> Self {
         Self::of(limit, Duration::from_secs(60))
     }
 
     /// `limit` per hour.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::Quota;
+    /// let q = Quota::per_hour(NonZeroU32::new(5000).unwrap());
+    /// assert_eq!((q.limit(), q.window()), (5000, Duration::from_secs(3600)));
+    /// ```
     pub const fn per_hour(limit: NonZeroU32) -> Self {
         Self::of(limit, Duration::from_secs(3600))
     }
 
     /// `limit` per `window`; the window must be at least one millisecond.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::Quota;
+    /// let ten = NonZeroU32::new(10).unwrap();
+    /// let q = Quota::with_window(ten, Duration::from_secs(10)).unwrap();
+    /// assert_eq!(q.window(), Duration::from_secs(10));
+    /// assert!(Quota::with_window(ten, Duration::from_micros(500)).is_err(), "under 1 ms");
+    /// ```
     pub fn with_window(limit: NonZeroU32, window: Duration) -> Result<Self, ConfigError> {
         if window < Duration::from_millis(1) {
             return Err(ConfigError::new(format!(
@@ -62,6 +93,14 @@ impl Quota {
     }
 
     /// `limit` per `window` from plain numbers, for values read at run time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Quota;
+    /// let q = Quota::new(100, Duration::from_secs(60)).unwrap();
+    /// assert_eq!(q.limit(), 100);
+    /// assert!(Quota::new(0, Duration::from_secs(60)).is_err());
+    /// ```
     pub fn new(limit: u32, window: Duration) -> Result<Self, ConfigError> {
         let limit =
             NonZeroU32::new(limit).ok_or_else(|| ConfigError::new("limit must be at least 1"))?;
@@ -113,6 +152,15 @@ pub struct Policy {
 
 impl Policy {
     /// A policy named `name` using `strategy` with one `quota`.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, Strategy};
+    /// let per_min = Quota::per_minute(NonZeroU32::new(30).unwrap());
+    /// let policy = Policy::new("search", Strategy::SlidingWindow, per_min);
+    /// assert_eq!(policy.strategy(), &Strategy::SlidingWindow);
+    /// assert_eq!(policy.quotas(), [per_min]);
+    /// ```
     pub fn new(name: impl Into<Arc<str>>, strategy: Strategy, quota: Quota) -> Self {
         Self {
             name: name.into(),
@@ -123,6 +171,14 @@ impl Policy {
 
     /// GitHub's fixed window: the first request opens a window of
     /// `quota.window()`; its end is stored and read back, never recomputed.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, Strategy};
+    /// let policy = Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(5000).unwrap()));
+    /// assert_eq!(policy.name(), "core");
+    /// assert_eq!(policy.strategy(), &Strategy::FixedWindow);
+    /// ```
     pub fn fixed_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
         Self::new(name, Strategy::FixedWindow, quota)
     }

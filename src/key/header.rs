@@ -29,6 +29,15 @@ impl HeaderKey {
     ///
     /// If `name` is not a valid header name; use [`HeaderKey::from_name`] for
     /// names known only at run time.
+    ///
+    /// ```
+    /// use axum::http::Request;
+    /// use tollgate::{HeaderKey, KeyExtractor};
+    ///
+    /// let (parts, ()) = Request::get("/").header("authorization", "Bearer t0ken").body(()).unwrap().into_parts();
+    /// let key = HeaderKey::new("authorization").extract(&parts).unwrap();
+    /// assert!(key.as_str().starts_with("authorization:"));
+    /// ```
     pub fn new(name: &'static str) -> Self {
         Self {
             name: HeaderName::from_static(name),
@@ -36,6 +45,16 @@ impl HeaderKey {
     }
 
     /// Keys by an already parsed header name.
+    ///
+    /// ```
+    /// use axum::http::{HeaderName, Request};
+    /// use tollgate::{HeaderKey, KeyExtractor};
+    ///
+    /// let name = HeaderName::from_bytes(b"X-Tenant").unwrap(); // e.g. read from a config file
+    /// let (parts, ()) = Request::get("/").header("x-tenant", "acme").body(()).unwrap().into_parts();
+    /// let key = HeaderKey::from_name(name).extract(&parts).unwrap();
+    /// assert!(key.as_str().starts_with("x-tenant:"));
+    /// ```
     pub fn from_name(name: HeaderName) -> Self {
         Self { name }
     }

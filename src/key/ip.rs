@@ -51,6 +51,17 @@ impl Default for PeerIp {
 
 impl PeerIp {
     /// Peer address, IPv6 grouped by `/64`.
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    /// use axum::{extract::ConnectInfo, http::Request};
+    /// use tollgate::{KeyExtractor, PeerIp};
+    ///
+    /// let mut req = Request::get("/").body(()).unwrap();
+    /// req.extensions_mut().insert(ConnectInfo(SocketAddr::from(([192, 0, 2, 7], 5000))));
+    /// let (parts, ()) = req.into_parts();
+    /// assert_eq!(PeerIp::new().extract(&parts).unwrap().as_str(), "ip:192.0.2.7");
+    /// ```
     pub fn new() -> Self {
         Self {
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
@@ -115,6 +126,12 @@ pub struct ForwardedIp {
 impl ForwardedIp {
     /// Trusts proxies in these networks (`"10.0.0.0/8"`, `"::1/128"`, or a
     /// bare address for one host).
+    ///
+    /// ```
+    /// use tollgate::ForwardedIp;
+    /// assert!(ForwardedIp::trusting(["10.0.0.0/8", "fd00::/8", "::1"]).is_ok());
+    /// assert!(ForwardedIp::trusting(["10.0.0.0/33"]).is_err());
+    /// ```
     pub fn trusting<I, S>(networks: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,

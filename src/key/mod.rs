@@ -42,6 +42,13 @@ pub struct Key(Arc<str>);
 
 impl Key {
     /// Escapes `raw` into a key.
+    ///
+    /// ```
+    /// use tollgate::Key;
+    /// assert_eq!(Key::new("tenant:acme").as_str(), "tenant:acme");
+    /// assert_eq!(Key::new("50%").as_str(), "50%25");
+    /// assert!(Key::new("x".repeat(200)).as_str().starts_with("sha256:"));
+    /// ```
     pub fn new(raw: impl AsRef<str>) -> Self {
         let raw = raw.as_ref();
         let mut out = String::with_capacity(raw.len());

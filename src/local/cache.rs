@@ -88,6 +88,12 @@ impl Default for LocalCache {
 
 impl LocalCache {
     /// A cache holding at most `capacity` keys.
+    ///
+    /// ```
+    /// use tollgate::layer::LocalCache;
+    /// let cache = LocalCache::new(50_000); // 0 would turn the cache off
+    /// # let _ = cache;
+    /// ```
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,

@@ -19,6 +19,13 @@ pub struct Job {
 
 impl Job {
     /// A job without fields.
+    ///
+    /// ```
+    /// use tollgate::queue::Job;
+    /// let job = Job::new();
+    /// assert!(job.fields().is_empty());
+    /// assert_eq!(job, Job::default());
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
@@ -117,6 +124,13 @@ pub struct Entry {
 
 impl Entry {
     /// An entry `id` holding `job`.
+    ///
+    /// ```
+    /// use tollgate::queue::{Entry, Job};
+    /// let entry = Entry::new("1700000000000-0", Job::new().field("zone", "reptiles"));
+    /// assert_eq!(entry.id, "1700000000000-0");
+    /// assert_eq!(entry.job.get_str("zone"), Some("reptiles"));
+    /// ```
     pub fn new(id: impl Into<String>, job: Job) -> Self {
         Self { id: id.into(), job }
     }

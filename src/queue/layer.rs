@@ -126,6 +126,19 @@ impl fmt::Debug for QueueLayer {
 impl QueueLayer {
     /// Starts configuring a layer that admits into `queue`, whose workers
     /// drain it at about `drain_rate`.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{HeaderKey, Quota};
+    /// use tollgate::queue::{MemoryQueue, QueueLayer, QueueSpec};
+    ///
+    /// let queue = MemoryQueue::new(QueueSpec::new("uploads", NonZeroU32::new(100).unwrap()).unwrap());
+    /// let layer = QueueLayer::builder(queue, Quota::per_second(NonZeroU32::new(10).unwrap()))
+    ///     .key(HeaderKey::new("x-api-key"))
+    ///     .max_body(1024 * 1024)
+    ///     .build();
+    /// assert!(layer.is_ok());
+    /// ```
     pub fn builder(queue: impl WorkQueue, drain_rate: Quota) -> QueueLayerBuilder {
         QueueLayerBuilder {
             queue: Arc::new(queue),

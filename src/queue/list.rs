@@ -61,6 +61,17 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// The queue `spec` describes, over `conn`.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::queue::{ListQueue, QueueSpec, WorkQueue};
+    ///
+    /// let conn = redis::Client::open("redis://127.0.0.1:6379/")?.get_connection_manager().await?;
+    /// let queue = ListQueue::new(conn, QueueSpec::new("emails", NonZeroU32::new(1000).unwrap())?);
+    /// assert_eq!(queue.spec().list_key(), "tollgate:{emails}:queue:list");
+    /// # Ok(()) }
+    /// ```
     pub fn new(conn: C, spec: QueueSpec) -> Self {
         let key = spec.list_key();
         Self {

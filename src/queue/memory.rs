@@ -60,11 +60,33 @@ impl fmt::Debug for MemoryQueue {
 
 impl MemoryQueue {
     /// The queue `spec` describes, on the system clock.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::queue::{MemoryQueue, QueueSpec, WorkQueue};
+    /// let queue = MemoryQueue::new(QueueSpec::new("feeding", NonZeroU32::new(10).unwrap()).unwrap());
+    /// assert!(queue.is_empty());
+    /// assert_eq!(queue.spec().capacity(), 10);
+    /// ```
     pub fn new(spec: QueueSpec) -> Self {
         Self::with_clock(spec, SystemClock)
     }
 
     /// On `clock`; tests pass a [`ManualClock`](crate::clock::ManualClock).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{clock::ManualClock, queue::{Job, MemoryQueue, QueueSpec, WorkQueue}};
+    ///
+    /// let clock = ManualClock::new(1_000_000);
+    /// let spec = QueueSpec::new("q", NonZeroU32::new(5).unwrap()).unwrap().ttl(Duration::from_secs(60)).unwrap();
+    /// let queue = MemoryQueue::with_clock(spec, clock.clone());
+    /// queue.push(&Job::new()).await.unwrap();
+    /// clock.advance(Duration::from_secs(60)); // a minute without a push: the queue expired
+    /// assert!(queue.is_empty());
+    /// # }
+    /// ```
     pub fn with_clock(spec: QueueSpec, clock: impl Clock) -> Self {
         Self {
             inner: Arc::new(Inner {

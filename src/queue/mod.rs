@@ -119,6 +119,13 @@ pub struct Pushed {
 
 impl Pushed {
     /// An answer: `id` when accepted, and the length after the push.
+    ///
+    /// ```
+    /// use tollgate::queue::Pushed;
+    /// let full = Pushed::new(None, 10, 10, 1_000_000);
+    /// assert!(!full.accepted());
+    /// assert_eq!(full.remaining(), 0);
+    /// ```
     pub fn new(id: Option<String>, len: u64, capacity: u64, now_micros: u64) -> Self {
         Self {
             id,
@@ -167,6 +174,16 @@ impl QueueSpec {
     /// A queue called `name` (1-64 of `[A-Za-z0-9-_./]`) holding at most
     /// `capacity` entries, under prefix `tollgate`, expiring a day after the
     /// last push.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::queue::{QueueSpec, DEFAULT_QUEUE_TTL};
+    ///
+    /// let spec = QueueSpec::new("feeding", NonZeroU32::new(100).unwrap()).unwrap();
+    /// assert_eq!((spec.name(), spec.capacity()), ("feeding", 100));
+    /// assert_eq!(spec.expiry(), DEFAULT_QUEUE_TTL);
+    /// assert_eq!(spec.list_key(), "tollgate:{feeding}:queue:list");
+    /// ```
     pub fn new(name: impl Into<String>, capacity: NonZeroU32) -> Result<Self, ConfigError> {
         let name = name.into();
         // The same rules as policy names, so it can name headers too.

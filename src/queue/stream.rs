@@ -58,6 +58,17 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// The queue `spec` describes, over `conn`.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::queue::{QueueSpec, StreamQueue, WorkQueue};
+    ///
+    /// let conn = redis::Client::open("redis://127.0.0.1:6379/")?.get_connection_manager().await?;
+    /// let queue = StreamQueue::new(conn, QueueSpec::new("emails", NonZeroU32::new(1000).unwrap())?);
+    /// assert_eq!(queue.spec().stream_key(), "tollgate:{emails}:queue:stream");
+    /// # Ok(()) }
+    /// ```
     pub fn new(conn: C, spec: QueueSpec) -> Self {
         let key = spec.stream_key();
         Self {

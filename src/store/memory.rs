@@ -116,11 +116,32 @@ impl Default for MemoryStore {
 
 impl MemoryStore {
     /// A store on the system clock.
+    ///
+    /// ```
+    /// use tollgate::MemoryStore;
+    /// let store = MemoryStore::new();
+    /// assert!(store.is_empty());
+    /// ```
     pub fn new() -> Self {
         Self::with_clock(SystemClock)
     }
 
     /// A store on `clock`; tests pass a [`ManualClock`](crate::clock::ManualClock).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{clock::ManualClock, Key, MemoryStore, Policy, Quota, RateLimiter};
+    ///
+    /// let clock = ManualClock::new(1_000_000);
+    /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(1).unwrap()));
+    /// let limiter = RateLimiter::new(policy, MemoryStore::with_clock(clock.clone())).unwrap();
+    /// assert!(limiter.check(&Key::new("ann"), 1).await.unwrap().allowed);
+    /// assert!(!limiter.check(&Key::new("ann"), 1).await.unwrap().allowed);
+    /// clock.advance(Duration::from_secs(60)); // no sleeping: the window is over
+    /// assert!(limiter.check(&Key::new("ann"), 1).await.unwrap().allowed);
+    /// # }
+    /// ```
     pub fn with_clock(clock: impl Clock) -> Self {
         Self {
             inner: Arc::new(Inner {

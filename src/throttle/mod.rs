@@ -162,6 +162,13 @@ impl fmt::Debug for Throttle {
 impl Throttle {
     /// Starts configuring a throttle named `name` (1-64 characters of
     /// `[A-Za-z0-9-_./]`; servers with the same name and Redis share callers).
+    ///
+    /// ```
+    /// use tollgate::throttle::Throttle;
+    /// let throttle = Throttle::builder("sessions").threshold(10_000).build().unwrap();
+    /// assert!(!throttle.is_throttling());
+    /// assert!(Throttle::builder("bad name").threshold(10).build().is_err());
+    /// ```
     pub fn builder(name: impl Into<Arc<str>>) -> ThrottleBuilder {
         ThrottleBuilder::new(name.into())
     }

@@ -52,6 +52,20 @@ impl fmt::Debug for TieredLayer {
 
 impl TieredLayer {
     /// Starts configuring a tiered layer.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, RateLimitLayer, TieredLayer};
+    ///
+    /// let per_hour = |n| Quota::per_hour(NonZeroU32::new(n).unwrap());
+    /// let layer = TieredLayer::builder()
+    ///     .tier(RateLimitLayer::builder().policy(Policy::fixed_window("free", per_hour(60))))
+    ///     .tier(RateLimitLayer::builder().policy(Policy::fixed_window("pro", per_hour(5000))))
+    ///     .choose(|parts| Some(if parts.headers.contains_key("x-api-key") { "pro" } else { "free" }))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(layer.tiers().count(), 2);
+    /// ```
     pub fn builder() -> TieredLayerBuilder {
         TieredLayerBuilder::default()
     }

@@ -342,6 +342,20 @@ impl RedisStore {
     /// bounds every call the store makes for a request, and a second timer
     /// per call would cost each lone decision a wake-up of the runtime (a
     /// timeout does not make redis-rs reconnect either way).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, RateLimitLayer, RedisStore};
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(5000).unwrap())))
+    ///     .store(store)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Ok(Self::connect_builder(url)
             .await?
@@ -394,6 +408,19 @@ impl RedisStore {
 
     /// Over one [`MultiplexedConnection`]; it does not reconnect by itself.
     /// Turn on `TCP_NODELAY` (see [`from_manager`](Self::from_manager)).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use redis::io::tcp::TcpSettings;
+    /// use redis::IntoConnectionInfo;
+    ///
+    /// let info = "redis://127.0.0.1:6379/"
+    ///     .into_connection_info()?
+    ///     .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    /// let conn = redis::Client::open(info)?.get_multiplexed_async_connection().await?;
+    /// let store = tollgate::RedisStore::from_connection(conn).prefix("myapp").build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn from_connection(conn: MultiplexedConnection) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Connection::Multiplexed(conn))
     }
@@ -404,6 +431,15 @@ impl RedisStore {
     /// [`from_manager`](Self::from_manager)). One connection is checked out and shared
     /// (it is multiplexed) until it breaks, so the pool's health check does
     /// not add a round trip to every decision.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use deadpool_redis::{Config, Runtime};
+    ///
+    /// let pool = Config::from_url("redis://127.0.0.1:6379/").create_pool(Some(Runtime::Tokio1))?;
+    /// let store = tollgate::RedisStore::from_pool(pool).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn from_pool(pool: Pool) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Connection::Pool(Arc::new(PooledConnection::new(pool))))
     }
@@ -416,6 +452,14 @@ impl RedisStore {
     /// [`RedisStore::cluster`]: it also turns off redis-rs's own retries,
     /// which wait 1.28 s or more between attempts by default and can lose
     /// `ASKING` to a concurrent request during a slot migration.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::cluster::ClusterClient::new(["redis://127.0.0.1:7000/"])?;
+    /// let conn = client.get_async_connection().await?;
+    /// let store = tollgate::RedisStore::from_cluster(conn).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
         RedisStoreBuilder::new(Connection::Cluster(
             conn,

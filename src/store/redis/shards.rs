@@ -40,6 +40,13 @@ pub struct Shard {
 
 impl Shard {
     /// A shard called `name` whose primary is at `primary_url`.
+    ///
+    /// ```
+    /// use tollgate::store::Shard;
+    /// // Keys follow the name "eu-1", whichever host its URL points at.
+    /// let shard = Shard::new("eu-1", "redis://10.0.0.1:6379/");
+    /// # let _ = shard;
+    /// ```
     pub fn new(name: impl Into<String>, primary_url: impl Into<String>) -> Self {
         Self {
             name: name.into(),
