@@ -205,7 +205,15 @@ impl StdError for StoreError {
 #[cfg(feature = "redis")]
 impl From<redis::RedisError> for StoreError {
     fn from(err: redis::RedisError) -> Self {
-        let kind = if err.is_timeout() {
+        Self::new(StoreErrorKind::of(&err), err)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl StoreErrorKind {
+    /// What kind of failure a redis-rs error is.
+    pub(crate) fn of(err: &redis::RedisError) -> Self {
+        if err.is_timeout() {
             StoreErrorKind::Timeout
         } else if err.is_io_error()
             || err.is_connection_dropped()
@@ -215,7 +223,6 @@ impl From<redis::RedisError> for StoreError {
             StoreErrorKind::Unavailable
         } else {
             StoreErrorKind::Rejected
-        };
-        Self::new(kind, err)
+        }
     }
 }

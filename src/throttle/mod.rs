@@ -9,6 +9,9 @@ mod sync;
 #[path = "unsynced.rs"]
 mod sync;
 
+#[cfg(feature = "redis")]
+pub(crate) use self::sync::scripts as sync_scripts;
+
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

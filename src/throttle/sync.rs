@@ -37,6 +37,11 @@ static MERGE: LazyLock<LuaScript> = LazyLock::new(|| {
         include_str!("../../lua/bloom_merge.lua").into(),
     )
 });
+/// The throttle's scripts, for the listing of everything sent to Redis.
+pub(crate) fn scripts() -> [&'static LuaScript; 3] {
+    [&READ, READ.plain(), &MERGE]
+}
+
 static READ: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::read_only("bloom_read", include_str!("../../lua/bloom_read.lua")));
 

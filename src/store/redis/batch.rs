@@ -247,7 +247,8 @@ impl Batcher {
         async move {
             match route {
                 Route::Alone(keys, args, _slot) => {
-                    reply::integers(self.shared.conn.eval(script, &keys, &args, false).await?)
+                    let reply = self.shared.conn.eval(script, &keys, &args, false).await;
+                    reply::integers(reply.map_err(|err| script.error(err))?)
                 }
                 Route::Queued(answered) => answered.await,
             }
@@ -359,7 +360,7 @@ async fn send_give_back(conn: &Connection, pass: Unheard) {
     let sent = tokio::time::timeout(HOLDING_PATIENCE, conn.eval(script, &keys, &args, false));
     let err = match sent.await {
         Ok(Ok(_)) => return,
-        Ok(Err(err)) => StoreError::from(err),
+        Ok(Err(err)) => script.error(err),
         Err(_) => StoreError::timeout(),
     };
     tracing::warn!(script = script.name, error = %err,
@@ -521,7 +522,9 @@ async fn send_one_script(
                 with_until(&mut job.args, job.until);
             }
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
-            let answer = reply.map_err(StoreError::from).and_then(reply::integers);
+            let answer = reply
+                .map_err(|err| job.script.error(err))
+                .and_then(reply::integers);
             unheard.extend(deliver(job, answer));
         }
         return unheard;
@@ -581,7 +584,7 @@ async fn send_one_script(
     let reply = conn.eval(batch, &keys, &args, false).await;
     let answers = match reply {
         Ok(reply) => answers(reply, jobs.len()),
-        Err(err) => Err(Failure::Redis(err)),
+        Err(err) => Err(Failure::Redis(batch, err)),
     };
     match answers {
         Ok(answers) => {
@@ -681,7 +684,9 @@ fn spawn_holding(
             match tokio::time::timeout(HOLDING_PATIENCE, conn.eval(script, &keys, &args, false))
                 .await
             {
-                Ok(got) => got.map_err(StoreError::from).and_then(reply::integers),
+                Ok(got) => got
+                    .map_err(|err| script.error(err))
+                    .and_then(reply::integers),
                 Err(_) => Err(StoreError::timeout()),
             };
         let Err(Ok(ints)) = reply.send(got) else {
@@ -705,7 +710,8 @@ pub(crate) async fn eval_holding(
     args: Args,
 ) -> Answer {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return reply::integers(conn.eval(script, &keys, &args, false).await?);
+        let reply = conn.eval(script, &keys, &args, false).await;
+        return reply::integers(reply.map_err(|err| script.error(err))?);
     };
     let held = Box::new(Held {
         conn: conn.clone(),
@@ -723,14 +729,15 @@ pub(crate) async fn eval_holding(
 
 /// Why a whole batch failed, told to each of its decisions.
 enum Failure {
-    Redis(redis::RedisError),
+    /// The batch script's call failed.
+    Redis(&'static LuaScript, redis::RedisError),
     Protocol(String),
 }
 
 impl Failure {
     fn to_store_error(&self) -> StoreError {
         match self {
-            Failure::Redis(err) => err.clone().into(),
+            Failure::Redis(batch, err) => batch.error(err.clone()),
             Failure::Protocol(why) => StoreError::protocol(why.clone()),
         }
     }

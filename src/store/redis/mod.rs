@@ -533,6 +533,28 @@ impl RedisStore {
     }
 
     #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
+    /// Every Lua script this crate sends to Redis, exactly as sent, by a
+    /// name unique among them: each strategy's decision, its no-writes twin
+    /// for peeks and pre-checks (and that twin without flags, for Redis
+    /// 6.2), its refund, its batch, the reset, and the throttle's. A Redis
+    /// error from inside one names it and a line of this text. The work
+    /// queues send their `lua/` files as they are.
+    ///
+    /// `cargo run --example lua -- lua/sent` writes them out; the repository
+    /// keeps that copy, and a test fails when it differs from what is sent.
+    ///
+    /// ```
+    /// let scripts = tollgate::RedisStore::scripts();
+    /// let (_, text) = scripts.iter().find(|(name, _)| *name == "fixed_window_peek").unwrap();
+    /// assert!(text.starts_with("#!lua flags=no-writes"));
+    /// ```
+    pub fn scripts() -> Vec<(&'static str, &'static str)> {
+        let mut all: Vec<&'static LuaScript> = SCRIPTS.all();
+        #[cfg(feature = "throttle")]
+        all.extend(crate::throttle::sync_scripts());
+        all.iter().map(|s| (s.name(), s.source())).collect()
+    }
+
     /// What the servers' scripting can do, shared with the throttle's sync
     /// task.
     pub(crate) fn scripting(&self) -> &Arc<Scripting> {
@@ -597,11 +619,13 @@ impl RedisStore {
                 self.inner
                     .scripting
                     .eval_read_only(&self.inner.conn, script, &keys, &args)
-                    .await?,
+                    .await
+                    .map_err(|err| script.error(err))?,
             )?,
             None => {
                 batch::with_until(&mut args, until);
-                reply::integers(self.inner.conn.eval(script, &keys, &args, false).await?)?
+                let reply = self.inner.conn.eval(script, &keys, &args, false).await;
+                reply::integers(reply.map_err(|err| script.error(err))?)?
             }
         };
         let now_at = if reply.first() == Some(&reply::LATE) {
@@ -720,7 +744,11 @@ impl RedisStore {
                 batcher.give_back(script, keys, args).await?;
             }
             None => {
-                self.inner.conn.eval(script, &keys, &args, false).await?;
+                self.inner
+                    .conn
+                    .eval(script, &keys, &args, false)
+                    .await
+                    .map_err(|err| script.error(err))?;
             }
         }
         Ok(())
@@ -745,7 +773,8 @@ impl RedisStore {
         self.inner
             .conn
             .eval(&SCRIPTS.reset, &keys, &no_args, false)
-            .await?;
+            .await
+            .map_err(|err| SCRIPTS.reset.error(err))?;
         Ok(())
     }
 
@@ -811,7 +840,11 @@ impl RedisStore {
             }
             Strategy::Concurrency => return self.release(keys, receipt).await,
         };
-        self.inner.conn.eval(script, &keys, &args, false).await?;
+        self.inner
+            .conn
+            .eval(script, &keys, &args, false)
+            .await
+            .map_err(|err| script.error(err))?;
         Ok(())
     }
 }

@@ -1,9 +1,55 @@
 //! The Lua scripts, loaded once per process and called by SHA.
 
+use std::fmt;
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, ToRedisArgs, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, ToRedisArgs, Value};
+
+use crate::error::{StoreError, StoreErrorKind};
+
+/// A Redis error from inside a script, naming the script and the line of
+/// its text that failed: the text under `lua/sent/`, which is exactly what
+/// Redis runs (`cargo run --example lua` writes it out).
+#[derive(Debug)]
+pub(crate) struct ScriptError {
+    script: &'static str,
+    line: Option<u32>,
+    source: RedisError,
+}
+
+impl fmt::Display for ScriptError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "script {} (lua/sent/{}.lua", self.script, self.script)?;
+        if let Some(line) = self.line {
+            write!(f, ", line {line}")?;
+        }
+        write!(f, "): {}", self.source)
+    }
+}
+
+impl std::error::Error for ScriptError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// The line number in Redis's `@user_script:N:` (Redis 6.2) or
+/// `@user_script:N.` (7.0 on) of an error from inside a script.
+fn script_line(message: &str) -> Option<u32> {
+    let at = message.find("user_script:")? + "user_script:".len();
+    let digits: String = message[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// `name` with `suffix`, as a name that lives as long as the scripts (they
+/// are built once per process, into a static).
+fn suffixed(name: &str, suffix: &str) -> &'static str {
+    Box::leak(format!("{name}{suffix}").into_boxed_str())
+}
 
 /// One Lua file: its source and SHA1, computed once.
 #[derive(Debug)]
@@ -25,6 +71,38 @@ impl LuaScript {
             sha,
             plain: None,
         }
+    }
+
+    /// The script's name, unique among the scripts: what an error names,
+    /// and its file's name under `lua/sent/`.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// `err` from a call of this script, as the store reports it: an error
+    /// the server raised while running the script names the script and its
+    /// line; connection trouble stays as it is.
+    pub(crate) fn error(&self, err: RedisError) -> StoreError {
+        let kind = StoreErrorKind::of(&err);
+        // Server replies carry a code (`ERR`, `WRONGTYPE`, ...); connection
+        // trouble has none.
+        if err.code().is_none() {
+            return StoreError::new(kind, err);
+        }
+        let line = script_line(&err.to_string());
+        StoreError::new(
+            kind,
+            ScriptError {
+                script: self.name,
+                line,
+                source: err,
+            },
+        )
+    }
+
+    /// The text exactly as Redis gets it (`SCRIPT LOAD`, `EVAL`).
+    pub(crate) fn source(&self) -> &str {
+        &self.source
     }
 
     /// This script without its `no-writes` flag (itself if it has none):
@@ -52,7 +130,10 @@ impl LuaScript {
     /// replicas run it (`EVALSHA_RO`).
     pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
         Self {
-            plain: Some(Box::new(Self::new(name, source.to_owned()))),
+            plain: Some(Box::new(Self::new(
+                suffixed(name, ".noflags"),
+                source.to_owned(),
+            ))),
             ..Self::new(name, format!("#!lua flags=no-writes\n{source}"))
         }
     }
@@ -78,7 +159,7 @@ impl LuaScript {
     /// decisions, each exactly as the script alone would, in one call.
     pub(crate) fn batch_of(name: &'static str, source: &str) -> Self {
         Self::batch_with(
-            name,
+            suffixed(name, "_batch"),
             &format!(
                 "{}local function flush() end\n{}",
                 as_function("run", source),
@@ -208,6 +289,43 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
+    /// Every script, each once, in a fixed order: the decisions, their
+    /// no-writes twins (and those twins unflagged, for Redis 6.2), the
+    /// refunds and releases, the batches.
+    pub(crate) fn all(&self) -> Vec<&LuaScript> {
+        let trios = [
+            &self.uniform_gate,
+            &self.sliding_log,
+            &self.sliding_window,
+            &self.gcra,
+        ];
+        let mut all = vec![
+            &self.fixed_window,
+            &self.fixed_window_peek,
+            &self.fixed_window_refund,
+        ];
+        for trio in trios {
+            all.extend([&trio.check, &trio.peek, &trio.refund]);
+        }
+        all.extend([
+            &self.leaky_bucket,
+            &self.leaky_bucket_peek,
+            &self.leaky_bucket_refund,
+            &self.concurrency,
+            &self.concurrency_peek,
+            &self.concurrency_release,
+            &self.reset,
+        ]);
+        let twins: Vec<&LuaScript> = all.iter().filter_map(|s| s.plain.as_deref()).collect();
+        all.extend(twins);
+        for (_, batch) in &self.batches {
+            if !all.iter().any(|s| s.name == batch.name) {
+                all.push(batch);
+            }
+        }
+        all
+    }
+
     /// The batch wrapper of the writing script `check`, if it has one.
     pub(crate) fn batch_of(&self, check: &LuaScript) -> Option<&LuaScript> {
         self.batches
@@ -266,8 +384,8 @@ impl Trio {
     fn new(name: &'static str, check: &str, refund: &str) -> Self {
         Self {
             check: LuaScript::decision(name, check),
-            peek: LuaScript::dry_run(name, check),
-            refund: LuaScript::new(name, refund.into()),
+            peek: LuaScript::dry_run(suffixed(name, "_peek"), check),
+            refund: LuaScript::new(suffixed(name, "_refund"), refund.into()),
         }
     }
 

@@ -1,0 +1,36 @@
+-- tollgate: refund a GCRA charge: move the TAT back by cost * T, never
+-- before now, and never before the start of the charge being refunded (so
+-- refunding one receipt twice cannot hand out other requests' units).
+-- KEEPTTL leaves the expiry, which only grows too long, never too short.
+--
+-- KEYS[1]   string: TAT, µs since epoch (as in gcra.lua)
+-- ARGV[1]   now, µs since epoch; -1 reads Redis TIME
+-- ARGV[2]   units to give back
+-- ARGV[3]   T, the emission interval, µs per unit
+-- ARGV[4]   the TAT the charge set: the receipt's stamp
+--
+-- Reply: 1 if the TAT moved back, else 0.
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
+
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local back = (ARGV[2] + 0) * (ARGV[3] + 0)
+local stamp = ARGV[4] + 0
+local at = tonumber(redis.call('GET', KEYS[1]))
+if at and at > now then
+  redis.call('SET', KEYS[1], int(math.max(at - back, stamp - back, now)), 'KEEPTTL')
+  return 1
+end
+return 0

@@ -1,0 +1,173 @@
+local function decide(KEYS, ARGV)
+-- tollgate: exact sliding-window log with two limits at once: the resource's
+-- (shared by every caller) and this consumer's, checked and charged together.
+-- Mirrors src/strategy/sliding_log.rs; change both together.
+-- lua/sliding_log_batch.lua mirrors it for batches (each log read and
+-- written once per call): change that one with it too.
+--
+-- Each log holds one member per unit spent, scored by its time in integer µs
+-- (never seconds and microseconds glued together as strings) and named
+-- "<time>:<request id>:<unit>", so requests in the same microsecond never
+-- collapse into one member. A request fits a log when the units inside
+-- (now - window, now] plus its cost are at most the limit (a count already
+-- above a lowered limit keeps rejecting). When either log rejects, neither
+-- is charged. Rejections are not logged, and a pass first drops what left
+-- the window, so a log never holds more than its limit. Both keys share the
+-- policy's hash tag and get an expiry: one second after their newest entry
+-- leaves the window.
+--
+-- KEYS[1]   sorted set: the resource's log (every caller of the policy)
+-- KEYS[2]   sorted set: this consumer's log
+-- ARGV[1]   now, µs since epoch; -1 reads Redis TIME
+-- ARGV[2]   cost in units; 0 looks without writing (the peek reuses this script)
+-- ARGV[3]   request id: a decimal integer below 2^53, unique per request
+-- ARGV[4]   resource limit, units      ARGV[5]   resource window, µs
+-- ARGV[6]   consumer limit, units      ARGV[7]   consumer window, µs
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used, reset_at µs (the reported log is empty again),
+--    retry_after µs or -1, now µs, reported quota (0 resource, 1 consumer),
+--    [on a pass: now µs, request id: the refund stamps]}
+
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
+
+-- Written out for the two logs, without tables: each table, closure and
+-- formatted number is work for Redis's Lua, and a lone call of this script
+-- spends more there than in its Redis commands.
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = ARGV[2] + 0
+local id = ARGV[3]
+
+-- The log `key` with `window`: its cutoff (now - window, a string), the
+-- units inside (cutoff, +inf) and its newest entry's time, nil when none is
+-- inside. A member's name starts with its score, so the newest is read
+-- without WITHSCORES, whose double Redis would format and Lua parse back
+-- (scores are times, never negative: `now` is Redis TIME or the app's u64).
+local function look(key, window)
+  local cutoff = int(now - window)
+  local n = redis.call('ZCOUNT', key, '(' .. cutoff, '+inf')
+  local newest = nil
+  if n > 0 then
+    newest = tonumber(string.match(redis.call('ZRANGE', key, '-1', '-1')[1], '^%d+'))
+  end
+  return cutoff, n, newest
+end
+
+local limit1, window1 = ARGV[4] + 0, ARGV[5] + 0
+local limit2, window2 = ARGV[6] + 0, ARGV[7] + 0
+local cutoff1, n1, newest1 = look(KEYS[1], window1)
+local cutoff2, n2, newest2 = look(KEYS[2], window2)
+
+-- When the log is empty again: its newest entry leaves the window.
+local function reset(newest, window)
+  if newest then return newest + window end
+  return now
+end
+
+-- How long until `cost` more units fit the log, nil if they fit now: until
+-- enough of its oldest units leave the window. A cost above the limit never
+-- fits, and waits for the whole log instead.
+local function wait(key, cutoff, n, limit, window)
+  if n + cost <= limit then return nil end
+  local free = math.min(n + cost - limit, n)
+  if free <= 0 then return window end
+  local kth = redis.call('ZRANGEBYSCORE', key, '(' .. cutoff, '+inf',
+    'WITHSCORES', 'LIMIT', int(free - 1), '1')
+  return tonumber(kth[2]) + window - now
+end
+
+-- The rejecting log that frees up last decides Retry-After (the resource's
+-- on a tie). When either rejects, neither is charged.
+local wait1 = wait(KEYS[1], cutoff1, n1, limit1, window1)
+local wait2 = wait(KEYS[2], cutoff2, n2, limit2, window2)
+if wait1 and (wait2 == nil or wait1 >= wait2) then
+  return {0, limit1, math.min(n1, limit1), reset(newest1, window1), wait1, now, 0}
+elseif wait2 then
+  return {0, limit2, math.min(n2, limit2), reset(newest2, window2), wait2, now, 1}
+end
+
+-- Charges the log `key`: drops what left the window, adds one member per
+-- unit and sets the expiry, one second after the newest entry leaves the
+-- window. Returns the newest entry's time.
+local score = int(now)
+local function charge(key, cutoff, newest, window)
+  if newest == nil or newest < now then newest = now end
+  if not dry_run then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
+    if cost == 1 then
+      redis.call('ZADD', key, score, score .. ':' .. id .. ':0')
+    else
+      -- At most 500 members per ZADD: `unpack` has a bounded stack.
+      local batch = {}
+      for unit = 0, cost - 1 do
+        batch[#batch + 1] = score
+        batch[#batch + 1] = score .. ':' .. id .. ':' .. unit
+        if #batch >= 1000 or unit == cost - 1 then
+          redis.call('ZADD', key, unpack(batch))
+          batch = {}
+        end
+      end
+    end
+    redis.call('PEXPIRE', key, int(math.ceil((newest + window - now) / 1000) + 1000))
+  end
+  return newest
+end
+if cost > 0 then
+  n1, n2 = n1 + cost, n2 + cost
+  newest1 = charge(KEYS[1], cutoff1, newest1, window1)
+  newest2 = charge(KEYS[2], cutoff2, newest2, window2)
+end
+
+-- When both fit, report the one with the least left (the resource's on a tie).
+if limit2 - n2 < limit1 - n1 then
+  return {1, limit2, n2, reset(newest2, window2), -1, now, 1, now, tonumber(id)}
+end
+return {1, limit1, n1, reset(newest1, window1), -1, now, 0, now, tonumber(id)}
+
+end
+-- tollgate: a charging decision script's reply as one string of 8-byte
+-- big-endian integers, as lua/packed.lua makes it, unless the call came
+-- too late. The store puts the decision script before this file, as the
+-- function `decide`, and folds the deadline into the script's own `now`:
+--
+-- ARGV[1]   -1: read Redis TIME, no deadline; below -1: read Redis TIME, and
+--           -ARGV[1] is `until`, the Redis time (µs) after which no one
+--           waits for the answer; 0 or more: the store's own clock's now
+--           (µs), with no deadline
+--
+-- A call Redis runs after `until` (Redis was frozen, or busy, while the
+-- request's deadline passed and the layer decided without it) writes
+-- nothing and replies {-2, now}: its request was already answered, and
+-- charging it would count a request twice. Folded into `now`, the deadline
+-- costs no argument of its own, and TIME is still read once: the `now`
+-- read here is handed on as a number, which the script's `ARGV[1] + 0`
+-- takes as it is.
+local now = ARGV[1] + 0
+if now < -1 then
+  local t = redis.call('TIME')
+  local at = t[1] * 1000000 + t[2]
+  if at > -now then return struct.pack('>ll', -2, at) end
+  ARGV[1] = at
+end
+local reply = decide(KEYS, ARGV)
+if type(reply) == 'table' and reply.err == nil then
+  return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
+end
+return reply

@@ -1,0 +1,79 @@
+local function decide(KEYS, ARGV)
+-- tollgate: the uniform gate, one call per caller per span.
+-- Mirrors src/strategy/uniform_gate.rs; change both together.
+--
+-- The value is when the gate opens again, in µs, and that value decides, to
+-- the microsecond. (Published versions test `TTL key > 0`, which Redis
+-- rounds to whole seconds, letting callers in up to a second early, and check
+-- then set in two round trips.) One `GET` decides and, for a pass, one
+-- `SET PX` closes, both inside this atomic script; a value whose time has
+-- passed while its key lives on (the second of grace, a replica, an injected
+-- clock) counts as open.
+-- The key expires one second after the gate opens; expiry only cleans up.
+--
+-- KEYS[1]   string: when the gate opens again, µs since epoch
+-- ARGV[1]   now, µs since epoch; -1 reads Redis TIME
+-- ARGV[2]   cost: a pass closes the gate for cost × span; 0 looks without writing
+-- ARGV[3]   span, µs
+-- ARGV[4]   the longest the gate may close, µs (cost × span is capped there)
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit 1, used 1 when closed else 0, reopens at µs (now when
+--    open), retry_after µs or -1, now µs, quota 0, [on a pass: reopens at µs,
+--    the refund stamp]}
+
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = true
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
+
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = ARGV[2] + 0
+
+local at = now + math.min(cost * (ARGV[3] + 0), (ARGV[4] + 0))
+if cost == 0 or dry_run then
+  local opens_at = tonumber(redis.call('GET', KEYS[1]))
+  local closed = opens_at and opens_at > now
+  if cost == 0 then
+    if closed then return {1, 1, 1, opens_at, -1, now, 0} end
+    return {1, 1, 0, now, -1, now, 0}
+  end
+  if closed then return {0, 1, 1, opens_at, opens_at - now, now, 0} end
+  return {1, 1, 1, at, -1, now, 0, at}
+end
+
+-- A `GET` then a `SET`: inside the script nothing runs between the two, so
+-- this is as atomic as `SET NX GET` (Redis 7.0 only).
+local was = tonumber(redis.call('GET', KEYS[1]))
+if was and was > now then return {0, 1, 1, was, was - now, now, 0} end
+redis.call('SET', KEYS[1], int(at), 'PX', int(math.ceil((at - now) / 1000) + 1000))
+return {1, 1, 1, at, -1, now, 0, at}
+
+end
+-- tollgate: a decision script's reply as one string of 8-byte big-endian
+-- integers. The store puts the decision script before this file, as the
+-- function `decide`; batches (lua/batch.lua) keep their lines instead.
+--
+-- redis-rs parses an array reply value by value, about a thousand
+-- instructions each, some eight per decision; a string is one value, and
+-- Redis packs it for what converting the array would cost (measured with
+-- redis-server under callgrind: 64,059 against 64,124 instructions a call).
+local reply = decide(KEYS, ARGV)
+if type(reply) == 'table' and reply.err == nil then
+  return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
+end
+return reply
