@@ -478,7 +478,7 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
     let policy = Policy::fixed_window("core", per_minute(100));
     store.check(&policy, &Key::new("k"), 1).await.unwrap();
 
-    let sleeper = put_to_sleep(&server, "0.3").await;
+    server.pause_clients(Duration::from_millis(300));
     // The rest queue, and their requests give up (as the layer's deadline
     // would).
     let sent = take_every_slot(&store, &policy, &Key::new("k")).await;
@@ -488,12 +488,11 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
             store.check(&policy, &Key::new("k"), 1),
         )
         .await;
-        assert!(gave_up.is_err(), "Redis is asleep: nothing can answer yet");
+        assert!(gave_up.is_err(), "Redis is paused: nothing can answer yet");
     }
     for d in sent {
         assert!(d.await.unwrap().unwrap().allowed);
     }
-    sleeper.join().unwrap();
     let after = store.check(&policy, &Key::new("k"), 1).await.unwrap();
     assert_eq!(
         after.used, 6,
@@ -503,7 +502,7 @@ async fn a_queued_decision_whose_request_gave_up_is_never_charged() {
 
 #[tokio::test]
 async fn calls_in_flight_sets_how_many_decisions_go_out_before_the_rest_queue() {
-    // Six decisions while Redis sleeps: as many as the store allows in
+    // Six decisions while Redis is paused: as many as the store allows in
     // flight go out alone, the rest queue and go out as one batch.
     let server = RedisServer::start();
     let policy = Policy::fixed_window("core", per_minute(100));
@@ -523,7 +522,7 @@ async fn calls_in_flight_sets_how_many_decisions_go_out_before_the_rest_queue() 
         // The first round loads the lone and the batch scripts.
         for key in ["warm-up", "k"] {
             reset_stats(&server);
-            let sleeper = put_to_sleep(&server, "0.1").await;
+            server.pause_clients(Duration::from_millis(100));
             let sent: Vec<_> = (0..6)
                 .map(|_| {
                     let (store, policy) = (store.clone(), policy.clone());
@@ -531,7 +530,6 @@ async fn calls_in_flight_sets_how_many_decisions_go_out_before_the_rest_queue() 
                 })
                 .collect();
             tokio::task::yield_now().await;
-            sleeper.join().unwrap();
             let mut used = Vec::new();
             for d in sent {
                 let d = d.await.unwrap().unwrap();

@@ -58,29 +58,6 @@ pub fn strategies() -> Vec<(Policy, i64)> {
     ]
 }
 
-/// Blocks `server` for `secs` seconds (`DEBUG SLEEP` from another thread),
-/// once the command has started.
-///
-/// The thread connects first and says so; the 50 ms that follow then only
-/// have to cover sending one command, not a connection's set-up as well,
-/// which on a loaded machine can take most of them.
-pub async fn put_to_sleep(server: &RedisServer, secs: &'static str) -> std::thread::JoinHandle<()> {
-    let url = server.url();
-    let (connected, ready) = tokio::sync::oneshot::channel();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        connected.send(()).unwrap();
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg(secs)
-            .query(&mut conn)
-            .unwrap();
-    });
-    ready.await.expect("the sleeper thread connects to Redis");
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    sleeper
-}
-
 /// One policy per strategy, small enough to exhaust in a few calls.
 pub fn one_policy_per_strategy() -> [Policy; 7] {
     let three = NonZeroU32::new(3).unwrap();
@@ -103,7 +80,7 @@ pub async fn batching_store(url: &str, batching: bool) -> RedisStore {
 /// if given, batching or not.
 ///
 /// The connection waits 10 s for an answer, not redis-rs's default 500 ms:
-/// a batch of thousands of slots, or an answer behind a `DEBUG SLEEP`, can
+/// a batch of thousands of slots, or an answer behind a `CLIENT PAUSE`, can
 /// take longer than that on a loaded machine, and nothing here tests the
 /// client's own timeout.
 pub async fn store_with(
@@ -232,7 +209,7 @@ pub fn caller_and_cost(i: u64, too_much: u64) -> (String, u64) {
     (key, cost)
 }
 
-/// Four checks on `key`, sent: while Redis sleeps they hold every one of
+/// Four checks on `key`, sent: while Redis is paused they hold every one of
 /// the batcher's slots, so whatever comes next queues.
 pub async fn take_every_slot(
     store: &std::sync::Arc<RedisStore>,

@@ -39,7 +39,7 @@ async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
     let (store, policy, held) = holding(&server, slots("held", 10), 3).await;
     let (slots, other) = (Key::new("k"), Key::new("other"));
 
-    let sleeper = put_to_sleep(&server, "0.3").await;
+    server.pause_clients(Duration::from_millis(300));
     // The releases queue, and their callers give up (as a release guard's
     // deadline would).
     let sent = take_every_slot(&store, &policy, &other).await;
@@ -49,18 +49,17 @@ async fn a_queued_release_goes_out_even_after_its_caller_gave_up() {
             store.refund(&policy, &slots, receipt),
         )
         .await;
-        assert!(gave_up.is_err(), "Redis is asleep: nothing can answer yet");
+        assert!(gave_up.is_err(), "Redis is paused: nothing can answer yet");
     }
     for d in sent {
         assert!(d.await.unwrap().unwrap().allowed);
     }
-    sleeper.join().unwrap();
     // The releases go out in the next call (from a task of the batcher's).
     until_slots_held(&store, &policy, &slots, 0).await;
 }
 
 /// Waits (ten seconds at most) until `key` holds `n` slots of `policy`:
-/// releases queued behind a sleeping Redis go out in a task of their own.
+/// releases queued behind a paused Redis go out in a task of their own.
 /// A slot never given back stays held for the policy's timeout (a minute
 /// in these tests), far past the wait, which only absorbs a slow machine.
 async fn until_slots_held(store: &RedisStore, policy: &Policy, key: &Key, n: u64) {
@@ -94,13 +93,12 @@ async fn a_concurrency_check_given_up_on_its_way_gives_its_slot_back() {
         let (policy, key) = (slots("gone", 5), Key::new("k"));
         warm_up(&store, &policy).await;
         reset_stats(&server);
-        let sleeper = put_to_sleep(&server, "0.3").await;
+        server.pause_clients(Duration::from_millis(300));
         let check = tokio::time::timeout(Duration::from_millis(50), store.check(&policy, &key, 1));
         assert!(
             check.await.is_err(),
-            "Redis is asleep: the check is still on its way"
+            "Redis is paused: the check is still on its way"
         );
-        sleeper.join().unwrap();
         until_slots_held(&store, &policy, &key, 0).await;
         let calls = command_calls(&server);
         assert_eq!(calls.get("zadd"), Some(&1), "the slot was taken: {calls:?}");
@@ -135,12 +133,7 @@ async fn a_check_on_a_task_of_its_own_waits_ten_seconds_for_a_hung_redis() {
         let (policy, key) = (slots("hung", 5), Key::new("k"));
         warm_up(&store, &policy).await;
         let before = alive();
-        let _: () = redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(400)
-            .arg("ALL")
-            .query(&mut server.conn())
-            .unwrap();
+        server.pause_clients(Duration::from_millis(400));
         for _ in 0..3 {
             let check =
                 tokio::time::timeout(Duration::from_millis(50), store.check(&policy, &key, 1));
@@ -177,18 +170,19 @@ async fn a_concurrency_pass_that_comes_back_unread_is_given_back() {
         warm_up(&store, &policy).await;
         let mut check = store.check(&policy, &key, 1);
         assert!(check.as_mut().poll(&mut cx).is_pending());
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The slot is taken: the check's answer came in before the peek's,
+        // on the same connection, and is still unread.
+        until_slots_held(&store, &policy, &key, 1).await;
         drop(check);
         until_slots_held(&store, &policy, &key, 0).await;
     }
     let store = std::sync::Arc::new(batching_store(&server.url(), true).await);
     let (policy, key) = (slots("unread_queued", 500), Key::new("k"));
     warm_up(&store, &policy).await;
-    let sleeper = put_to_sleep(&server, "0.2").await;
+    server.pause_clients(Duration::from_millis(200));
     let sent = take_every_slot(&store, &policy, &Key::new("other")).await;
     let (mut a, mut b) = (store.check(&policy, &key, 1), store.check(&policy, &key, 1));
     assert!(a.as_mut().poll(&mut cx).is_pending() && b.as_mut().poll(&mut cx).is_pending());
-    sleeper.join().unwrap();
     for d in sent {
         assert!(d.await.unwrap().unwrap().allowed);
     }
@@ -220,6 +214,8 @@ async fn concurrency_checks_given_up_at_random_leave_no_slot_taken() {
         std::thread::spawn(move || {
             let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // DEBUG SLEEP, not CLIENT PAUSE: a pause's end is seen only at
+                // Redis's next event or cron tick (up to 100 ms), not 1 ms on.
                 let _: () = redis::cmd("DEBUG")
                     .arg("SLEEP")
                     .arg("0.001")
@@ -294,19 +290,18 @@ async fn a_release_behind_busy_calls_is_queued_and_answered_at_once() {
         .refund_now(&Policy::fixed_window("core", per_minute(5)), &slots, &kept)
         .is_none());
 
-    let sleeper = put_to_sleep(&server, "0.3").await;
+    server.pause_clients(Duration::from_millis(300));
     let sent = take_every_slot(&store, &policy, &other).await;
     for receipt in &held {
         let answered = store.refund_now(&policy, &slots, receipt);
         assert!(
             matches!(answered, Some(Ok(()))),
-            "Redis is asleep, yet a queued release needs no wait: {answered:?}"
+            "Redis is paused, yet a queued release needs no wait: {answered:?}"
         );
     }
     for d in sent {
         assert!(d.await.unwrap().unwrap().allowed);
     }
-    sleeper.join().unwrap();
     // The queued releases go out in the next call; the kept slot stays.
     until_slots_held(&store, &policy, &slots, 1).await;
 }
@@ -322,7 +317,7 @@ async fn a_release_queued_after_a_check_goes_out_before_it() {
     let held = held.pop().unwrap();
     let unrelated = slots("many", 10);
 
-    let sleeper = put_to_sleep(&server, "0.2").await;
+    server.pause_clients(Duration::from_millis(200));
     let sent = take_every_slot(&store, &unrelated, &other).await;
     let check = {
         let (store, policy, slot) = (store.clone(), policy.clone(), slot.clone());
@@ -336,7 +331,6 @@ async fn a_release_queued_after_a_check_goes_out_before_it() {
     for d in sent {
         assert!(d.await.unwrap().unwrap().allowed);
     }
-    sleeper.join().unwrap();
     release.await.unwrap().unwrap();
     let d = check.await.unwrap().unwrap();
     assert!(d.allowed, "the release went first: {d:?}");
@@ -352,7 +346,7 @@ async fn queued_releases_and_checks_of_a_concurrency_limit_share_one_call() {
     let (slot, other) = (Key::new("k"), Key::new("other"));
     reset_stats(&server);
 
-    let sleeper = put_to_sleep(&server, "0.3").await;
+    server.pause_clients(Duration::from_millis(300));
     let sent = take_every_slot(&store, &slots("many", 10), &other).await;
     for receipt in &held[..2] {
         let answered = store.refund_now(&policy, &slot, receipt);
@@ -368,7 +362,6 @@ async fn queued_releases_and_checks_of_a_concurrency_limit_share_one_call() {
     for d in sent {
         assert!(d.await.unwrap().unwrap().allowed);
     }
-    sleeper.join().unwrap();
     let mut allowed = 0;
     for check in checks {
         let d = check.await.unwrap().unwrap();
