@@ -1,9 +1,12 @@
 //! The store conformance suite: written once, run against every backend.
 //!
-//! Each case is a table of steps at explicit times on a `ManualClock`; a
-//! backend is any `Store` built on that clock. `conformance_suite!(factory)`
-//! expands to one `#[tokio::test]` per case, so a topology opts in with one
-//! line and a failure names the case and the backend's module.
+//! Each case is one [`Row`]: a policy and steps at explicit times on a
+//! `ManualClock`, and what each step must answer. A strategy's rows live in
+//! its own file beside this one, named once in its `<strategy>_rows!`
+//! table; a backend is any `Store` built on that clock.
+//! `conformance_suite!(factory)` expands to one `#[tokio::test]` per row, so
+//! a topology opts in with one line and a failure names the row, the
+//! strategy and the backend's module.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,163 +100,176 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod uniform_gate;
 
-/// One row: at `at_ms` after `T0`, do `op`, expect `expect`.
+/// One step: at `at` (ms after `T0`, or µs in a [`Row::in_micros`] row),
+/// do `op`, expect `expect`.
 pub type Step = (u64, Op, Expect);
 
-/// Runs `steps` against `backend` under `policy` and checks every answer,
-/// naming the step that disagreed.
-pub async fn run(backend: &Backend, policy: &Policy, steps: &[Step]) -> Vec<Option<Decision>> {
-    let mut seen: Vec<Option<Decision>> = Vec::new();
-    for (i, &(at_ms, op, expect)) in steps.iter().enumerate() {
-        backend.clock.set(T0 + at_ms * 1000);
-        let decision = match op {
-            Op::Check(key, cost) => Some(
-                backend
-                    .store
-                    .check(policy, &Key::new(key), cost)
-                    .await
-                    .unwrap(),
-            ),
-            Op::Peek(key) => Some(backend.store.peek(policy, &Key::new(key)).await.unwrap()),
-            Op::Refund(key, n) => {
-                let receipt: Receipt = seen[n]
-                    .as_ref()
-                    .expect("refund of a step with a decision")
-                    .receipt
-                    .clone();
-                backend
-                    .store
-                    .refund(policy, &Key::new(key), &receipt)
-                    .await
-                    .unwrap();
-                None
-            }
-        };
-        let here = format!("step {i} at +{at_ms} ms: {op:?}");
-        match (expect, &decision) {
-            (
-                Expect::Pass {
-                    remaining,
-                    reset_ms,
-                },
-                Some(d),
-            ) => {
-                assert!(d.allowed, "{here}: expected a pass, got {d:?}");
-                assert_eq!(d.remaining, remaining, "{here}: remaining");
-                assert_eq!(d.used, d.limit - remaining, "{here}: used");
-                assert_eq!(d.reset_at_micros, T0 + reset_ms * 1000, "{here}: reset-at");
-                assert_eq!(d.retry_after, None, "{here}: retry-after");
-                assert_eq!(d.delay, None, "{here}: delay");
-            }
-            (
-                Expect::Wait {
-                    remaining,
-                    reset_ms,
-                    delay_ms,
-                },
-                Some(d),
-            ) => {
-                assert!(d.allowed, "{here}: expected a pass, got {d:?}");
-                assert_eq!(d.remaining, remaining, "{here}: remaining");
-                assert_eq!(d.used, d.limit - remaining, "{here}: used");
-                assert_eq!(d.reset_at_micros, T0 + reset_ms * 1000, "{here}: reset-at");
-                assert_eq!(d.retry_after, None, "{here}: retry-after");
-                assert_eq!(
-                    d.delay,
-                    Some(Duration::from_millis(delay_ms)),
-                    "{here}: delay"
-                );
-            }
-            (Expect::Limited { reset_ms, retry_ms }, Some(d)) => {
-                assert!(!d.allowed, "{here}: expected a rejection, got {d:?}");
-                assert_eq!(d.remaining, 0, "{here}: remaining");
-                assert_eq!(d.reset_at_micros, T0 + reset_ms * 1000, "{here}: reset-at");
-                assert_eq!(
-                    d.retry_after,
-                    Some(Duration::from_millis(retry_ms)),
-                    "{here}: retry-after"
-                );
-            }
-            (Expect::Done, None) => {}
-            (e, d) => panic!("{here}: expected {e:?}, got {d:?}"),
-        }
-        seen.push(decision);
-    }
-    seen
+/// What a row asserts beyond each step's answer, given every decision.
+pub type Then = Box<dyn Fn(&[Option<Decision>])>;
+
+/// One conformance case: steps under a policy, then perhaps more steps
+/// under a changed one (a lowered limit), and perhaps an assertion on the
+/// decisions seen. `Refund(key, n)` refunds step `n` of the whole row.
+pub struct Row {
+    phases: Vec<(Policy, Vec<Step>)>,
+    then: Vec<Then>,
+    unit_us: u64,
 }
 
-/// One `#[tokio::test]` per case for the backend built by `$factory`
-/// (an `async fn() -> Backend`, named by an absolute path such as
-/// `crate::memory`: the cases live in nested modules, one per strategy).
+impl Row {
+    /// `steps` under `policy`, times in ms.
+    pub fn new(policy: Policy, steps: impl IntoIterator<Item = Step>) -> Row {
+        Row {
+            phases: vec![(policy, steps.into_iter().collect())],
+            then: Vec::new(),
+            unit_us: 1_000,
+        }
+    }
+
+    /// Then `steps` under `policy`: the same keys, the policy changed.
+    pub fn then_under(mut self, policy: Policy, steps: impl IntoIterator<Item = Step>) -> Row {
+        self.phases.push((policy, steps.into_iter().collect()));
+        self
+    }
+
+    /// Then asserts `check` of every step's decision (`None` for refunds).
+    pub fn then(mut self, check: impl Fn(&[Option<Decision>]) + 'static) -> Row {
+        self.then.push(Box::new(check));
+        self
+    }
+
+    /// Times, resets, retries and delays in µs, not ms.
+    pub fn in_micros(mut self) -> Row {
+        self.unit_us = 1;
+        self
+    }
+
+    /// Runs the row against `backend` and checks every answer, naming the
+    /// step that disagreed.
+    pub async fn run(self, backend: &Backend) {
+        let mut seen: Vec<Option<Decision>> = Vec::new();
+        for (policy, steps) in &self.phases {
+            for &step in steps {
+                let decision = run_step(backend, policy, step, self.unit_us, &seen).await;
+                seen.push(decision);
+            }
+        }
+        for check in &self.then {
+            check(&seen);
+        }
+    }
+}
+
+/// Runs step number `seen.len()` and checks its answer.
+async fn run_step(
+    backend: &Backend,
+    policy: &Policy,
+    (at, op, expect): Step,
+    unit_us: u64,
+    seen: &[Option<Decision>],
+) -> Option<Decision> {
+    let i = seen.len();
+    let us = |n: u64| n * unit_us;
+    let time = |n: u64| Duration::from_micros(us(n));
+    backend.clock.set(T0 + us(at));
+    let decision = match op {
+        Op::Check(key, cost) => Some(
+            backend
+                .store
+                .check(policy, &Key::new(key), cost)
+                .await
+                .unwrap(),
+        ),
+        Op::Peek(key) => Some(backend.store.peek(policy, &Key::new(key)).await.unwrap()),
+        Op::Refund(key, n) => {
+            let receipt: Receipt = seen[n]
+                .as_ref()
+                .expect("refund of a step with a decision")
+                .receipt
+                .clone();
+            backend
+                .store
+                .refund(policy, &Key::new(key), &receipt)
+                .await
+                .unwrap();
+            None
+        }
+    };
+    let here = format!("step {i} at +{at}: {op:?}");
+    match (expect, &decision) {
+        (
+            Expect::Pass {
+                remaining,
+                reset_ms,
+            },
+            Some(d),
+        ) => {
+            assert!(d.allowed, "{here}: expected a pass, got {d:?}");
+            assert_eq!(d.remaining, remaining, "{here}: remaining");
+            assert_eq!(d.used, d.limit - remaining, "{here}: used");
+            assert_eq!(d.reset_at_micros, T0 + us(reset_ms), "{here}: reset-at");
+            assert_eq!(d.retry_after, None, "{here}: retry-after");
+            assert_eq!(d.delay, None, "{here}: delay");
+        }
+        (
+            Expect::Wait {
+                remaining,
+                reset_ms,
+                delay_ms,
+            },
+            Some(d),
+        ) => {
+            assert!(d.allowed, "{here}: expected a pass, got {d:?}");
+            assert_eq!(d.remaining, remaining, "{here}: remaining");
+            assert_eq!(d.used, d.limit - remaining, "{here}: used");
+            assert_eq!(d.reset_at_micros, T0 + us(reset_ms), "{here}: reset-at");
+            assert_eq!(d.retry_after, None, "{here}: retry-after");
+            assert_eq!(d.delay, Some(time(delay_ms)), "{here}: delay");
+        }
+        (Expect::Limited { reset_ms, retry_ms }, Some(d)) => {
+            assert!(!d.allowed, "{here}: expected a rejection, got {d:?}");
+            assert_eq!(d.remaining, 0, "{here}: remaining");
+            assert_eq!(d.reset_at_micros, T0 + us(reset_ms), "{here}: reset-at");
+            assert_eq!(d.retry_after, Some(time(retry_ms)), "{here}: retry-after");
+        }
+        (Expect::Done, None) => {}
+        (e, d) => panic!("{here}: expected {e:?}, got {d:?}"),
+    }
+    decision
+}
+
+/// One `#[tokio::test]` per row of every strategy for the backend built by
+/// `$factory` (an `async fn() -> Backend`, named by an absolute path such as
+/// `crate::memory`: the tests live in nested modules, one per strategy).
+/// A new strategy adds its `<name>_rows!` here.
 #[macro_export]
 macro_rules! conformance_suite {
     ($factory:path) => {
-        $crate::conformance_suite!(@cases $factory; fixed_window;
-            window_opens_counts_down_and_rejects,
-            reset_at_is_stored_not_recomputed,
-            window_rolls_over_at_its_stored_end,
-            rejections_charge_nothing,
-            cost_counts_and_cost_above_limit_is_rejected,
-            keys_are_independent,
-            peek_reports_without_charging,
-            refund_gives_back_inside_the_window_only,
-            several_quotas_are_all_or_nothing,
-            count_above_a_lowered_limit_keeps_rejecting,
-        );
-        $crate::conformance_suite!(@cases $factory; uniform_gate;
-            one_call_per_caller_per_span,
-            uniform_gate_is_not_open_a_second_early_like_ttl_checks,
-            cost_closes_for_that_many_spans_and_peek_charges_nothing,
-            refund_reopens_only_for_its_own_pass,
-        );
-        $crate::conformance_suite!(@cases $factory; sliding_log;
-            resource_and_consumer_limits_both_apply_and_say_which_rejected,
-            the_window_slides_to_the_microsecond,
-            sliding_log_members_do_not_collide_on_equal_microseconds,
-            limit_compares_with_ge_not_eq,
-            cost_counts_units_and_cost_above_the_limit_is_rejected,
-            peek_and_refund_touch_only_their_own_entries,
-        );
-        $crate::conformance_suite!(@cases $factory; sliding_window;
-            the_previous_window_weighs_by_its_overlap,
-            peek_and_cost,
-            several_quotas_are_all_or_nothing,
-            refund_goes_back_to_the_charged_window,
-            count_above_a_lowered_limit_keeps_rejecting,
-        );
-        $crate::conformance_suite!(@cases $factory; gcra;
-            a_full_bucket_passes_its_burst_then_one_per_interval,
-            cost_and_peek,
-            refund_moves_tat_back_but_never_before_its_charge,
-            a_lowered_burst_keeps_rejecting,
-            emission_interval_rounds_up_to_whole_microseconds,
-        );
-        $crate::conformance_suite!(@cases $factory; leaky_bucket;
-            a_burst_is_queued_at_the_rate_then_rejected,
-            the_bucket_drains_at_the_rate,
-            cost_takes_as_many_places,
-            keys_are_independent,
-            refund_of_the_last_place_is_exact,
-            refund_from_the_middle_frees_a_place_for_the_next_arrival,
-            refund_of_a_used_slot_changes_nothing,
-            a_lowered_capacity_keeps_rejecting,
-        );
-        $crate::conformance_suite!(@cases $factory; concurrency;
-            admits_up_to_the_limit_and_a_release_frees_a_slot,
-            entries_of_crashed_servers_time_out,
-            peek_reports_without_taking_a_slot,
-            cost_takes_as_many_slots,
-            releases_are_idempotent_and_never_free_another_request,
-            keys_are_independent,
-            a_lowered_limit_keeps_rejecting,
-        );
+        $crate::fixed_window_rows!($factory);
+        $crate::uniform_gate_rows!($factory);
+        $crate::sliding_log_rows!($factory);
+        $crate::sliding_window_rows!($factory);
+        $crate::gcra_rows!($factory);
+        $crate::leaky_bucket_rows!($factory);
+        $crate::concurrency_rows!($factory);
     };
-    (@cases $factory:path; $strategy:ident; $($case:ident),* $(,)?) => {
+}
+
+/// A strategy's table, `name => row, ...`, as one `#[tokio::test]` per row
+/// in a module named after the strategy. Each strategy's `<name>_rows!`
+/// passes its rows here; the rows see that strategy's file and this one.
+#[macro_export]
+macro_rules! conformance_rows {
+    ($strategy:ident, $factory:path; $($(#[$doc:meta])* $name:ident => $row:expr),* $(,)?) => {
         mod $strategy {
+            #[allow(unused_imports)]
+            use $crate::support::conformance::{$strategy::*, *};
             $(
+                $(#[$doc])*
                 #[tokio::test]
-                async fn $case() {
-                    $crate::support::conformance::$strategy::$case($factory().await).await;
+                async fn $name() {
+                    let row: Row = $row;
+                    row.run(&$factory().await).await;
                 }
             )*
         }
