@@ -49,7 +49,8 @@ pub enum Op {
     Refund(&'static str, usize),
 }
 
-/// What the step must answer. Times are ms after `T0`.
+/// What the step must answer. Times are ms after `T0` (µs in a
+/// [`Row::in_micros`] row).
 #[derive(Clone, Copy, Debug)]
 pub enum Expect {
     /// Allowed, with `remaining` left and the window ending at `reset_ms`.
@@ -260,12 +261,11 @@ macro_rules! conformance_suite {
 /// passes its rows here; the rows see that strategy's file and this one.
 #[macro_export]
 macro_rules! conformance_rows {
-    ($strategy:ident, $factory:path; $($(#[$doc:meta])* $name:ident => $row:expr),* $(,)?) => {
+    ($strategy:ident, $factory:path; $($name:ident => $row:expr),* $(,)?) => {
         mod $strategy {
             #[allow(unused_imports)]
             use $crate::support::conformance::{$strategy::*, *};
             $(
-                $(#[$doc])*
                 #[tokio::test]
                 async fn $name() {
                     let row: Row = $row;

@@ -1,7 +1,9 @@
 //! Cases for the concurrency limit: 2 slots, entries presumed crashed
 //! after 60 s. `Refund` is the release at the end of a response.
-use super::*;
+
 use std::num::NonZeroU32;
+
+use super::*;
 
 pub fn policy(limit: u32) -> Policy {
     Policy::concurrency(

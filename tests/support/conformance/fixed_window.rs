@@ -1,4 +1,5 @@
 //! Cases for GitHub's fixed window.
+
 use super::*;
 
 pub fn policy(quotas: &[Quota]) -> Policy {

@@ -13,7 +13,7 @@ pub fn bucket(limit: u32, secs: u64, burst: u32) -> Policy {
     )
 }
 
-/// Gcra's rows, each one `#[tokio::test]` per backend (see
+/// GCRA's rows, each one `#[tokio::test]` per backend (see
 /// `conformance_suite!`).
 #[macro_export]
 macro_rules! gcra_rows {

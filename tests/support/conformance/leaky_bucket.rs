@@ -1,8 +1,10 @@
 //! Cases for the shaping leaky bucket. With 10 per second the interval is
 //! 100 ms; `Wait` is a pass that leaves after `delay_ms`, `reset_ms` is
 //! when the bucket is empty.
-use super::*;
+
 use std::num::NonZeroU32;
+
+use super::*;
 
 pub fn policy(capacity: u32) -> Policy {
     Policy::leaky_bucket("shape", quota(10, 1), NonZeroU32::new(capacity).unwrap())
