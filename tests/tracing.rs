@@ -221,22 +221,9 @@ async fn a_queued_release_that_fails_is_warned_about() {
     assert_eq!(keys.len(), 1, "{keys:?}");
     let _: () = direct.set(&keys[0], "x").unwrap();
 
-    // Redis asleep under four calls in flight: the release queues, and no
+    // Redis paused under four calls in flight: the release queues, and no
     // one waits for it.
-    // The thread connects first, so the 50 ms only cover sending the sleep.
-    let url = server.url();
-    let (connected, ready) = tokio::sync::oneshot::channel();
-    let sleeper = std::thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        connected.send(()).unwrap();
-        let _: () = redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("0.2")
-            .query(&mut conn)
-            .unwrap();
-    });
-    ready.await.expect("the sleeper thread connects to Redis");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.pause_clients(Duration::from_millis(200));
     let busy: Vec<_> = (0..4)
         .map(|_| {
             let (store, policy) = (store.clone(), policy.clone());
@@ -250,7 +237,6 @@ async fn a_queued_release_that_fails_is_warned_about() {
     for call in busy {
         assert!(call.await.unwrap().unwrap().allowed);
     }
-    sleeper.join().unwrap();
 
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     while !captured().contains("rate limit release failed") {

@@ -193,6 +193,20 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("connect to redis-server on port {}: {e}", self.port))
     }
 
+    /// Holds every client's commands for `time` (`CLIENT PAUSE <ms> ALL`).
+    ///
+    /// In effect when this returns: a command sent after it waits out the
+    /// rest of the pause unanswered, then runs. Unlike `DEBUG SLEEP` it
+    /// never stops a script already running, and needs no thread or wait.
+    pub fn pause_clients(&self, time: Duration) {
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(time.as_millis() as u64)
+            .arg("ALL")
+            .query(&mut self.conn())
+            .unwrap();
+    }
+
     /// Kills the process (SIGKILL, like a crash) and reaps it; the port and
     /// directory are kept for [`restart`](Self::restart). Does nothing if stopped.
     pub fn stop(&mut self) {

@@ -4,74 +4,55 @@ use std::time::Duration;
 
 use super::*;
 
-fn gate(span_secs: u64) -> Policy {
+pub fn gate(span_secs: u64) -> Policy {
     Policy::uniform_gate("feeding", Duration::from_secs(span_secs)).unwrap()
 }
 
-pub async fn one_call_per_caller_per_span(b: Backend) {
-    run(
-        &b,
-        &gate(10),
-        &[
-            (0, Check("bob", 1), pass(0, 10_000)),
-            (1, Check("bob", 1), limited(10_000, 9_999)),
-            (5_000, Check("bob", 1), limited(10_000, 5_000)),
-            (5_001, Check("ann", 1), pass(0, 15_001)),
-            // The stored time has passed (the key may still exist): open.
-            (10_000, Check("bob", 1), pass(0, 20_000)),
-            (10_001, Check("bob", 1), limited(20_000, 9_999)),
-        ],
-    )
-    .await;
-}
+/// Uniform gate's rows, each one `#[tokio::test]` per backend (see
+/// `conformance_suite!`).
+#[macro_export]
+macro_rules! uniform_gate_rows {
+    ($factory:path) => {
+        $crate::conformance_rows! { uniform_gate, $factory;
+            one_call_per_caller_per_span => Row::new(gate(10), [
+                (0, Check("bob", 1), pass(0, 10_000)),
+                (1, Check("bob", 1), limited(10_000, 9_999)),
+                (5_000, Check("bob", 1), limited(10_000, 5_000)),
+                (5_001, Check("ann", 1), pass(0, 15_001)),
+                // The stored time has passed (the key may still exist): open.
+                (10_000, Check("bob", 1), pass(0, 20_000)),
+                (10_001, Check("bob", 1), limited(20_000, 9_999)),
+            ]),
 
-pub async fn uniform_gate_is_not_open_a_second_early_like_ttl_checks(b: Backend) {
-    // Regression: published gates test `TTL key > 0`; Redis rounds TTL to
-    // whole seconds, so with 400 ms left TTL reads 0 and the caller is let
-    // in early. The stored reopening time decides here, to the microsecond.
-    run(
-        &b,
-        &gate(10),
-        &[
-            (0, Check("bob", 1), pass(0, 10_000)),
-            (9_600, Check("bob", 1), limited(10_000, 400)),
-            (9_999, Check("bob", 1), limited(10_000, 1)),
-            (10_000, Check("bob", 1), pass(0, 20_000)),
-        ],
-    )
-    .await;
-}
+            // Regression: published gates test `TTL key > 0`; Redis rounds TTL to
+            // whole seconds, so with 400 ms left TTL reads 0 and the caller is let
+            // in early. The stored reopening time decides here, to the microsecond.
+            uniform_gate_is_not_open_a_second_early_like_ttl_checks => Row::new(gate(10), [
+                (0, Check("bob", 1), pass(0, 10_000)),
+                (9_600, Check("bob", 1), limited(10_000, 400)),
+                (9_999, Check("bob", 1), limited(10_000, 1)),
+                (10_000, Check("bob", 1), pass(0, 20_000)),
+            ]),
 
-pub async fn cost_closes_for_that_many_spans_and_peek_charges_nothing(b: Backend) {
-    run(
-        &b,
-        &gate(10),
-        &[
-            // Open: one call left, nothing to wait for.
-            (0, Peek("bob"), pass(1, 0)),
-            (0, Check("bob", 3), pass(0, 30_000)),
-            (1, Peek("bob"), pass(0, 30_000)),
-            (29_999, Check("bob", 1), limited(30_000, 1)),
-            (30_000, Peek("bob"), pass(1, 30_000)),
-            (30_000, Check("bob", 1), pass(0, 40_000)),
-        ],
-    )
-    .await;
-}
+            cost_closes_for_that_many_spans_and_peek_charges_nothing => Row::new(gate(10), [
+                // Open: one call left, nothing to wait for.
+                (0, Peek("bob"), pass(1, 0)),
+                (0, Check("bob", 3), pass(0, 30_000)),
+                (1, Peek("bob"), pass(0, 30_000)),
+                (29_999, Check("bob", 1), limited(30_000, 1)),
+                (30_000, Peek("bob"), pass(1, 30_000)),
+                (30_000, Check("bob", 1), pass(0, 40_000)),
+            ]),
 
-pub async fn refund_reopens_only_for_its_own_pass(b: Backend) {
-    run(
-        &b,
-        &gate(10),
-        &[
-            (0, Check("bob", 1), pass(0, 10_000)),
-            (1, Refund("bob", 0), Done),
-            (2, Check("bob", 1), pass(0, 10_002)),
-            (10_002, Check("bob", 1), pass(0, 20_002)),
-            // The pass of step 2 no longer holds the gate: nothing reopens.
-            (10_003, Refund("bob", 2), Done),
-            (10_004, Check("bob", 1), limited(20_002, 9_998)),
-        ],
-    )
-    .await;
+            refund_reopens_only_for_its_own_pass => Row::new(gate(10), [
+                (0, Check("bob", 1), pass(0, 10_000)),
+                (1, Refund("bob", 0), Done),
+                (2, Check("bob", 1), pass(0, 10_002)),
+                (10_002, Check("bob", 1), pass(0, 20_002)),
+                // The pass of step 2 no longer holds the gate: nothing reopens.
+                (10_003, Refund("bob", 2), Done),
+                (10_004, Check("bob", 1), limited(20_002, 9_998)),
+            ]),
+        }
+    };
 }
