@@ -3,6 +3,8 @@
 //! into a verdict. Also the peek, which asks without charging, and what the
 //! process remembers of the main store's decisions.
 
+use std::sync::Arc;
+
 use http::request::Parts;
 use tracing::Instrument;
 
@@ -98,15 +100,9 @@ impl Limiter {
                 failed: None,
             });
         };
-        let err = match result {
-            Ok(decision) => {
-                return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
-            }
-            Err(err) => err,
-        };
-        let (local, kind) = match self.on_failure(parts, err) {
-            Ok(fallback) => fallback,
-            Err(decided) => return Ok(decided),
+        let (key, local, kind) = match self.after_main(parts, key, cost, result, span) {
+            Ok(decided) => return Ok(decided),
+            Err(fallback) => fallback,
         };
         self.seed(local, &key);
         match local.check_now(&self.policy, &key, cost) {
@@ -127,28 +123,52 @@ impl Limiter {
         span: &tracing::Span,
     ) -> Decided {
         let Waiting { key, cost, failed } = waiting;
-        let kind = match failed {
-            Some(kind) => kind,
+        let (key, local, kind) = match failed {
+            Some(kind) => match &self.failure {
+                FailurePolicy::Local(local) => (key, local, kind),
+                // Only a local failure policy leaves a request waiting on a fallback.
+                _ => return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen),
+            },
             None => {
-                let err = match self.ask_main(&key, cost).await {
-                    Ok(decision) => {
-                        return self.judge(parts, key, cost, decision, Decider::Main, None, span)
-                    }
-                    Err(err) => err,
-                };
-                match self.on_failure(parts, err) {
-                    Ok((_, kind)) => kind,
-                    Err(decided) => return decided,
+                let result = self.ask_main(&key, cost).await;
+                match self.after_main(parts, key, cost, result, span) {
+                    Ok(decided) => return decided,
+                    Err(fallback) => fallback,
                 }
             }
         };
-        let FailurePolicy::Local(local) = &self.failure else {
-            // Only a local failure policy leaves a request waiting on a fallback.
-            return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen);
-        };
+        // `decide_now`'s tail, awaited: sharing it would add a future to the path that answers at once.
         self.seed(local, &key);
         let result = Box::pin(self.ask(&**local, &key, cost)).await;
         self.fallen_back(parts, key, cost, kind, result, span)
+    }
+
+    /// What the main store's `result` comes to, whether it answered at once
+    /// ([`decide_now`](Self::decide_now)) or was awaited
+    /// ([`decide_later`](Self::decide_later)): its decision judged, or the
+    /// failure policy's verdict, or (a local fallback) the key handed back
+    /// with the store to ask instead.
+    // Not boxed: a verdict is every request's result, and boxing it would
+    // allocate on the path this split exists to keep allocation-free.
+    #[allow(clippy::result_large_err)]
+    fn after_main(
+        &self,
+        parts: &mut Parts,
+        key: Key,
+        cost: u64,
+        result: Result<Decision, StoreError>,
+        span: &tracing::Span,
+    ) -> Result<Decided, (Key, &Arc<dyn Store>, StoreErrorKind)> {
+        let err = match result {
+            Ok(decision) => {
+                return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
+            }
+            Err(err) => err,
+        };
+        match self.on_failure(parts, err) {
+            Ok((local, kind)) => Err((key, local, kind)),
+            Err(decided) => Ok(decided),
+        }
     }
 
     /// The caller's key and the request's cost; or the verdict, when the
@@ -202,11 +222,8 @@ impl Limiter {
         degraded: Option<StoreErrorKind>,
         span: &tracing::Span,
     ) -> Decided {
-        if decider == Decider::Main && !self.shadow {
-            self.local.after_store(&self.policy, &key, cost, &decision);
-            if let Some(learned) = &self.learned {
-                learned.learn(&key, &decision);
-            }
+        if decider == Decider::Main {
+            self.learn_from_main(&key, cost, &decision);
         }
         let mut decision = decision;
         decision.fallback = decider == Decider::Fallback;
@@ -321,9 +338,7 @@ impl Limiter {
                 std::time::Instant::now() + self.deadline,
             ))
             .await;
-        self.metrics.store_latency(waited);
-        self.note_failure(key, &result);
-        result
+        self.answered_main(key, result, waited)
     }
 
     /// [`ask_main`](Self::ask_main) for a store that answers at once; `None`
@@ -333,9 +348,24 @@ impl Limiter {
             return Some(Err(StoreError::cooling_down()));
         }
         let result = self.store.check_now(&self.policy, key, cost)?;
-        self.metrics.store_latency(Stopwatch::idle());
+        Some(self.answered_main(key, result, Stopwatch::idle()))
+    }
+
+    /// What [`ask_main`](Self::ask_main) and
+    /// [`ask_main_now`](Self::ask_main_now) do with the main store's answer:
+    /// time it, and note a failure (starting the cooldown) or an answer.
+    // The guard before the call (`cooling_down`) stays in each: one returns
+    // a `Result`, the other an `Option` of one, and a shared guard would only
+    // move the `if`.
+    fn answered_main(
+        &self,
+        key: &Key,
+        result: Result<Decision, StoreError>,
+        waited: Stopwatch,
+    ) -> Result<Decision, StoreError> {
+        self.metrics.store_latency(waited);
         self.note_failure(key, &result);
-        Some(result)
+        result
     }
 
     pub(crate) async fn ask(

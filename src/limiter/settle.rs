@@ -8,8 +8,10 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
 use super::{Decider, Limiter, Pass};
+use crate::decision::Receipt;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
+use crate::key::Key;
 use crate::release::ReleaseGuard;
 use crate::store::Store;
 
@@ -28,22 +30,18 @@ impl Limiter {
         status: StatusCode,
         headers: &mut HeaderMap,
     ) -> Result<(), Pass> {
-        if self.refund_due(&pass, status) {
-            let refunded = match (&pass.key, &pass.decision) {
-                (Some(key), Some(decision)) => {
-                    self.store_of(pass.decider)
-                        .refund_now(&self.policy, key, &decision.receipt)
-                }
-                _ => None,
-            };
+        let pass = if self.refund_due(&pass, status) {
+            let refunded = self
+                .charge_of(&pass)
+                .and_then(|(store, key, receipt)| store.refund_now(&self.policy, key, receipt));
             let Some(result) = refunded else {
                 return Err(pass);
             };
-            let pass = self.refunded(pass, result);
-            self.write_headers(pass, headers);
+            self.refunded(pass, result)
         } else {
-            self.write_headers(pass, headers);
-        }
+            pass
+        };
+        self.write_headers(pass, headers);
         Ok(())
     }
 
@@ -77,15 +75,11 @@ impl Limiter {
 
     /// Gives `pass`'s charge back to the store that decided.
     async fn refund(&self, pass: Pass) -> Pass {
-        let result = match (&pass.key, &pass.decision) {
-            (Some(key), Some(decision)) => {
-                let call = self
-                    .store_of(pass.decider)
-                    .refund(&self.policy, key, &decision.receipt);
-                self.within_deadline(call).await.0
-            }
-            _ => return pass,
+        let Some((store, key, receipt)) = self.charge_of(&pass) else {
+            return pass;
         };
+        let call = store.refund(&self.policy, key, receipt);
+        let result = self.within_deadline(call).await.0;
         self.refunded(pass, result)
     }
 
@@ -127,26 +121,35 @@ impl Limiter {
     /// (the client may leave), for a concurrency slot until the response body
     /// ends. `None` when there is nothing to give back.
     pub(crate) fn release_guard(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
-        let (Some(key), Some(decision)) = (&pass.key, &pass.decision) else {
-            return None;
-        };
+        let (store, key, receipt) = self.charge_of(pass)?;
         let gives_back =
             pass.delay().is_some() || self.policy.strategy().holds_until_response_ends();
-        if decision.receipt.is_empty() || !gives_back {
+        if receipt.is_empty() || !gives_back {
             return None;
         }
-        let store = self.store_for(pass.decider);
         Some(ReleaseGuard::new(
             self.clone(),
-            store,
+            store.clone(),
             key.clone(),
-            decision.receipt.clone(),
+            receipt.clone(),
         ))
     }
 
-    /// The store that decided: refunds and releases go back to it.
-    fn store_for(&self, decider: Decider) -> Arc<dyn Store> {
-        self.store_of(decider).clone()
+    /// What `pass` charged and where: the store that decided (refunds and
+    /// releases go back to it), the key and the receipt; `None` for a pass
+    /// let through without a decision. The one place the refund at once
+    /// ([`settle_now`](Self::settle_now)), the awaited one and the release
+    /// guard find what to give back.
+    fn charge_of<'a>(
+        &'a self,
+        pass: &'a Pass,
+    ) -> Option<(&'a Arc<dyn Store>, &'a Key, &'a Receipt)> {
+        match (&pass.key, &pass.decision) {
+            (Some(key), Some(decision)) => {
+                Some((self.store_of(pass.decider), key, &decision.receipt))
+            }
+            _ => None,
+        }
     }
 
     fn store_of(&self, decider: Decider) -> &Arc<dyn Store> {
