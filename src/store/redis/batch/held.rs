@@ -5,11 +5,11 @@
 
 use tokio::sync::oneshot;
 
+use super::wire::lone_answer;
 use super::{unsent, Answer, Shared, Slot};
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
 use crate::store::redis::connection::Connection;
-use crate::store::redis::reply;
 use crate::store::redis::script::{LuaScript, SCRIPTS};
 use crate::store::redis::Args;
 
@@ -155,9 +155,7 @@ pub(super) fn spawn_holding(
             match tokio::time::timeout(HOLDING_PATIENCE, conn.eval(script, &keys, &args, false))
                 .await
             {
-                Ok(got) => got
-                    .map_err(|err| script.error(err))
-                    .and_then(reply::integers),
+                Ok(got) => lone_answer(script, got),
                 Err(_) => Err(StoreError::timeout()),
             };
         let Err(Ok(ints)) = reply.send(got) else {
@@ -182,7 +180,7 @@ pub(crate) async fn eval_holding(
 ) -> Answer {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         let reply = conn.eval(script, &keys, &args, false).await;
-        return reply::integers(reply.map_err(|err| script.error(err))?);
+        return lone_answer(script, reply);
     };
     let held = Box::new(Held {
         conn: conn.clone(),

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::reply::{self, Ints};
+use super::reply::Ints;
 use super::script::{LuaScript, SCRIPTS};
 use super::Args;
 use crate::error::StoreError;
@@ -38,7 +38,7 @@ mod wire;
 pub(crate) use held::eval_holding;
 use held::{spawn_holding, Answered, Held};
 pub(crate) use wire::with_until;
-use wire::{deliver, send_one_script};
+use wire::{deliver, lone_answer, send_one_script};
 
 /// Calls on their way to one server before decisions queue, by default:
 /// enough that a lone decision rarely waits, few enough that a crowd forms
@@ -253,7 +253,7 @@ impl Batcher {
             match route {
                 Route::Alone(keys, args, _slot) => {
                     let reply = self.shared.conn.eval(script, &keys, &args, false).await;
-                    reply::integers(reply.map_err(|err| script.error(err))?)
+                    lone_answer(script, reply)
                 }
                 Route::Queued(answered) => answered.await,
             }

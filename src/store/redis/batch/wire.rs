@@ -27,9 +27,7 @@ pub(super) async fn send_one_script(
                 with_until(&mut job.args, job.until);
             }
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
-            let answer = reply
-                .map_err(|err| job.script.error(err))
-                .and_then(reply::integers);
+            let answer = lone_answer(job.script, reply);
             unheard.extend(deliver(job, answer));
         }
         return unheard;
@@ -108,6 +106,16 @@ pub(super) async fn send_one_script(
         }
     }
     unheard
+}
+
+/// A lone call's reply (one decision's script, not a batch): its integers,
+/// or the error it met, named after the script. Every route a decision can
+/// go out alone by (a free slot, a task of its own, batching off, a batch
+/// of one) reads its reply here.
+pub(super) fn lone_answer(script: &LuaScript, reply: redis::RedisResult<Value>) -> Answer {
+    reply
+        .map_err(|err| script.error(err))
+        .and_then(reply::integers)
 }
 
 /// Hands a job its answer. A give-back whose caller is not listening (it
