@@ -15,19 +15,30 @@
 //! must not be lost with a request that gives up while the check is on its
 //! way: sent alone, the check goes from a task of its own, and in a batch
 //! the batch's task sees to it; either gives back a pass that no one hears.
+//!
+//! Here, the queue: slots and who gets them, and what goes out together.
+//! [`wire`] encodes a batch for `lua/batch.lua` and hands out its replies;
+//! [`held`] keeps the concurrency limit's passes from being lost.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redis::{ToRedisArgs, Value};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::reply::{self, Ints};
+use super::reply::Ints;
 use super::script::{LuaScript, SCRIPTS};
 use super::Args;
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
+
+mod held;
+mod wire;
+
+pub(crate) use held::eval_holding;
+use held::{spawn_holding, Answered, Held};
+pub(crate) use wire::with_until;
+use wire::{deliver, lone_answer, send_one_script};
 
 /// Calls on their way to one server before decisions queue, by default:
 /// enough that a lone decision rarely waits, few enough that a crowd forms
@@ -44,12 +55,6 @@ const MAX_IN_FLIGHT_PER_KEYS: usize = 1;
 /// The most decisions in one call, which bounds how long one script keeps
 /// Redis busy (tens of microseconds).
 const MAX_BATCH: usize = 64;
-
-/// How long a slot-taking call sent from a task of its own may wait for
-/// Redis (see [`spawn_holding`]): far beyond any request's deadline, so
-/// only a Redis that hangs meets it, and the slot then times out in Redis.
-const HOLDING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Sends decisions for one server, alone or in batches.
 #[derive(Debug, Clone)]
 pub(crate) struct Batcher {
@@ -248,7 +253,7 @@ impl Batcher {
             match route {
                 Route::Alone(keys, args, _slot) => {
                     let reply = self.shared.conn.eval(script, &keys, &args, false).await;
-                    reply::integers(reply.map_err(|err| script.error(err))?)
+                    lone_answer(script, reply)
                 }
                 Route::Queued(answered) => answered.await,
             }
@@ -285,88 +290,6 @@ enum Route {
     Alone(KeyList, Args, Slot),
     Queued(Answered),
 }
-
-/// Where a queued (or spawned) call's answer comes. For a call whose pass
-/// holds a slot, dropped before the answer is read (its request gave up
-/// just as the answer came), it gives the pass back: the channel is closed
-/// first, so a pass that comes later finds no one and the sending side
-/// gives it back instead. Each pass is given back once.
-struct Answered {
-    answer: oneshot::Receiver<Answer>,
-    held: Option<Box<Held>>,
-}
-
-/// What gives back a slot-taking call's pass: the call, and where to send.
-struct Held {
-    conn: Connection,
-    script: &'static LuaScript,
-    keys: KeyList,
-    args: Args,
-}
-
-impl std::future::Future for Answered {
-    type Output = Answer;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Answer> {
-        let got = std::task::ready!(std::pin::Pin::new(&mut self.answer).poll(cx));
-        // Read: the caller has it now.
-        self.held = None;
-        std::task::Poll::Ready(
-            got.unwrap_or_else(|_| Err(unsent("the call ended before Redis answered"))),
-        )
-    }
-}
-
-impl Drop for Answered {
-    fn drop(&mut self) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        self.answer.close();
-        let Ok(Ok(ints)) = self.answer.try_recv() else {
-            return;
-        };
-        let Held {
-            conn,
-            script,
-            keys,
-            args,
-        } = *held;
-        if let Some(pass) = unheard_pass(script, keys, &args, &ints) {
-            give_back_now(conn, pass);
-        }
-    }
-}
-
-/// Sends a give-back from a task (its caller cannot wait: it is gone).
-fn give_back_now(conn: Connection, pass: Unheard) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return tracing::warn!(
-            script = pass.script.name,
-            "no Tokio runtime to release a rate limit charge on; it expires in the store instead"
-        );
-    };
-    runtime.spawn(async move { send_give_back(&conn, pass).await });
-}
-
-/// Gives back a pass no one heard of, waiting at most
-/// [`HOLDING_PATIENCE`] (nobody waits for it; a failure is logged, and the
-/// slot then times out in Redis).
-async fn send_give_back(conn: &Connection, pass: Unheard) {
-    let Unheard { script, keys, args } = pass;
-    let sent = tokio::time::timeout(HOLDING_PATIENCE, conn.eval(script, &keys, &args, false));
-    let err = match sent.await {
-        Ok(Ok(_)) => return,
-        Ok(Err(err)) => script.error(err),
-        Err(_) => StoreError::timeout(),
-    };
-    tracing::warn!(script = script.name, error = %err,
-        "rate limit release failed; the charge expires in the store instead");
-}
-
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -506,322 +429,6 @@ fn batch_together(a: &LuaScript, b: &LuaScript) -> bool {
             .zip(SCRIPTS.batch_of(b))
             .is_some_and(|(a, b)| a.name == b.name)
 }
-
-/// Sends `jobs`, calls of `script` or of scripts that batch with it, and
-/// hands out replies: the passes that hold a slot and came back to no one.
-async fn send_one_script(
-    conn: &Connection,
-    script: &'static LuaScript,
-    mut jobs: Vec<Job>,
-) -> Vec<Unheard> {
-    let mut unheard = Vec::new();
-    let batch = SCRIPTS.batch_of(script);
-    let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
-        for mut job in jobs {
-            if !job.gives_back {
-                with_until(&mut job.args, job.until);
-            }
-            let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
-            let answer = reply
-                .map_err(|err| job.script.error(err))
-                .and_then(reply::integers);
-            unheard.extend(deliver(job, answer));
-        }
-        return unheard;
-    };
-    // What each decision repeats of the one before (see lua/batch.lua).
-    let repeats: Vec<Repeat> = (0..jobs.len())
-        .map(|i| match i.checked_sub(1).map(|p| &jobs[p]) {
-            Some(p) if p.args == jobs[i].args && p.keys == jobs[i].keys => Repeat::All,
-            Some(p) if p.keys == jobs[i].keys && differ_in_id_alone(p, &jobs[i]) => Repeat::Id,
-            Some(p) if p.args == jobs[i].args => Repeat::Args,
-            Some(p) if p.keys == jobs[i].keys => Repeat::Keys,
-            _ => Repeat::Nothing,
-        })
-        .collect();
-    let mut keys = Vec::with_capacity(jobs.len());
-    let mut key_counts = Vec::with_capacity(jobs.len());
-    // Where each decision's keys start in `keys`, to give a slot back with.
-    let mut key_starts = Vec::with_capacity(jobs.len());
-    for (job, repeat) in jobs.iter_mut().zip(&repeats) {
-        key_counts.push(job.keys.len());
-        if matches!(repeat, Repeat::All | Repeat::Id | Repeat::Keys) {
-            key_starts.push(key_starts.last().copied().unwrap_or(0));
-        } else {
-            key_starts.push(keys.len());
-            keys.extend(job.keys.drain(..));
-        }
-    }
-    let mut args = Vec::with_capacity(2 + jobs.len() * 6);
-    args.push(Part::Count(jobs.len()));
-    // The earliest deadline of its charges (see lua/batch.lua): a batch
-    // that comes later than its first request waits charges none.
-    let until = jobs
-        .iter()
-        .filter(|j| !j.gives_back && j.until > 0)
-        .map(|j| j.until)
-        .min()
-        .unwrap_or(0);
-    args.push(Part::Int(until));
-    for ((job, repeat), &nk) in jobs.iter().zip(&repeats).zip(&key_counts) {
-        match repeat {
-            Repeat::All => args.push(Part::Text("=")),
-            Repeat::Id => {
-                let at = SCRIPTS.id_at(job.script).unwrap_or(0);
-                args.extend([Part::Text("#"), Part::Int(job.args[at])]);
-            }
-            Repeat::Args => args.extend([Part::Count(nk), Part::Text("-1")]),
-            Repeat::Keys => {
-                args.extend([Part::Text("-1"), Part::Count(job.args.len())]);
-                args.extend(job.args.iter().map(|&a| Part::Int(a)));
-            }
-            Repeat::Nothing => {
-                args.extend([Part::Count(nk), Part::Count(job.args.len())]);
-                args.extend(job.args.iter().map(|&a| Part::Int(a)));
-            }
-        }
-    }
-    let reply = conn.eval(batch, &keys, &args, false).await;
-    let answers = match reply {
-        Ok(reply) => answers(reply, jobs.len()),
-        Err(err) => Err(Failure::Redis(batch, err)),
-    };
-    match answers {
-        Ok(answers) => {
-            for (i, (job, answer)) in jobs.into_iter().zip(answers).enumerate() {
-                if let Some(mut pass) = deliver(job, answer) {
-                    let start = key_starts[i];
-                    pass.keys = keys[start..start + key_counts[i]].iter().cloned().collect();
-                    unheard.push(pass);
-                }
-            }
-        }
-        Err(failure) => {
-            for job in jobs {
-                drop(deliver(job, Err(failure.to_store_error())));
-            }
-        }
-    }
-    unheard
-}
-
-/// Hands a job its answer. A give-back whose caller is not listening (it
-/// gave up, or never waited) has its failure logged here, as its caller
-/// would have; a pass that holds a slot and that no one hears comes back,
-/// to be given back (its keys, if they went into the batch's, left empty).
-fn deliver(job: Job, answer: Answer) -> Option<Unheard> {
-    let Job {
-        script,
-        keys,
-        args,
-        reply,
-        gives_back,
-        ..
-    } = job;
-    match reply.send(answer) {
-        Ok(()) => None,
-        Err(Err(err)) => {
-            if gives_back {
-                tracing::warn!(script = script.name, error = %err,
-                    "rate limit release failed; the charge expires in the store instead");
-            }
-            None
-        }
-        Err(Ok(ints)) => unheard_pass(script, keys, &args, &ints),
-    }
-}
-
-/// A pass that holds a slot, which no one heard of: what gives it back.
-struct Unheard {
-    script: &'static LuaScript,
-    keys: KeyList,
-    args: Args,
-}
-
-/// What gives back the slots `script` took with `args`, if they are slots
-/// and its reply `ints` says it took them.
-fn unheard_pass(script: &LuaScript, keys: KeyList, args: &[i64], ints: &[i64]) -> Option<Unheard> {
-    let (script, args) = SCRIPTS.give_back_of(script, args)?;
-    let took = ints.first() == Some(&1) && args.get(1).is_some_and(|&cost| cost > 0);
-    took.then_some(Unheard { script, keys, args })
-}
-
-impl Shared {
-    /// Queues the give-backs of passes no one heard of, for the next batch,
-    /// which the caller's task sends: after the call that took the slots.
-    fn give_back_later(&self, unheard: Vec<Unheard>) {
-        if unheard.is_empty() {
-            return;
-        }
-        let mut state = self.lock();
-        for Unheard { script, keys, args } in unheard {
-            tracing::debug!(
-                script = script.name,
-                "a request gave up on a slot it took; giving it back"
-            );
-            drop(state.enqueue(script, keys, args, true, 0));
-        }
-    }
-}
-
-/// Sends a call whose pass holds a slot (a concurrency check) from a task of
-/// its own, which keeps `slot` (if any) until the answer is in: its caller
-/// may give up (a request cancelled while the check is on its way) without
-/// losing the pass, which the task then gives back on `conn`, after it.
-fn spawn_holding(
-    runtime: &tokio::runtime::Handle,
-    conn: Connection,
-    script: &'static LuaScript,
-    keys: KeyList,
-    args: Args,
-    slot: Option<Slot>,
-) -> oneshot::Receiver<Answer> {
-    let (reply, answer) = oneshot::channel();
-    runtime.spawn(async move {
-        // Bounded, so that a Redis that hangs cannot pile up tasks (without
-        // a batcher, one per request) past what this many seconds bring.
-        let got =
-            match tokio::time::timeout(HOLDING_PATIENCE, conn.eval(script, &keys, &args, false))
-                .await
-            {
-                Ok(got) => got
-                    .map_err(|err| script.error(err))
-                    .and_then(reply::integers),
-                Err(_) => Err(StoreError::timeout()),
-            };
-        let Err(Ok(ints)) = reply.send(got) else {
-            return drop(slot);
-        };
-        if let Some(pass) = unheard_pass(script, keys, &args, &ints) {
-            send_give_back(&conn, pass).await;
-        }
-        drop(slot);
-    });
-    answer
-}
-
-/// Runs a call whose pass holds a slot without a batcher (batching off) as
-/// [`spawn_holding`] does: a caller that gives up never
-/// leaves the slot taken.
-pub(crate) async fn eval_holding(
-    conn: &Connection,
-    script: &'static LuaScript,
-    keys: KeyList,
-    args: Args,
-) -> Answer {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        let reply = conn.eval(script, &keys, &args, false).await;
-        return reply::integers(reply.map_err(|err| script.error(err))?);
-    };
-    let held = Box::new(Held {
-        conn: conn.clone(),
-        script,
-        keys: keys.clone(),
-        args: args.clone(),
-    });
-    let answer = spawn_holding(&runtime, conn.clone(), script, keys, args, None);
-    Answered {
-        answer,
-        held: Some(held),
-    }
-    .await
-}
-
-/// Why a whole batch failed, told to each of its decisions.
-enum Failure {
-    /// The batch script's call failed.
-    Redis(&'static LuaScript, redis::RedisError),
-    Protocol(String),
-}
-
-impl Failure {
-    fn to_store_error(&self) -> StoreError {
-        match self {
-            Failure::Redis(batch, err) => batch.error(err.clone()),
-            Failure::Protocol(why) => StoreError::protocol(why.clone()),
-        }
-    }
-}
-
-/// What a decision in a batch shares with the one before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Repeat {
-    Nothing,
-    Args,
-    /// All but the request id: a flood of the sliding log or the
-    /// concurrency limit (checks or releases), which sends the id alone.
-    Id,
-    /// The keys only: the app's clock, or another cost.
-    Keys,
-    All,
-}
-
-/// Whether job `b` has the script and arguments of job `a` but for its
-/// request id (see [`Scripts::id_at`](super::script::Scripts::id_at)).
-fn differ_in_id_alone(a: &Job, b: &Job) -> bool {
-    let Some(at) = SCRIPTS.id_at(b.script) else {
-        return false;
-    };
-    std::ptr::eq(a.script, b.script)
-        && a.args.len() == b.args.len()
-        && at < b.args.len()
-        && a.args[..at] == b.args[..at]
-        && a.args[at + 1..] == b.args[at + 1..]
-}
-
-/// One argument of a batch call.
-enum Part {
-    Text(&'static str),
-    Count(usize),
-    Int(i64),
-}
-
-impl ToRedisArgs for Part {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        match self {
-            Part::Text(text) => out.write_arg(text.as_bytes()),
-            Part::Count(n) => out.write_arg(itoa::Buffer::new().format(*n).as_bytes()),
-            Part::Int(n) => out.write_arg(itoa::Buffer::new().format(*n).as_bytes()),
-        }
-    }
-}
-
-/// Splits `lua/batch.lua`'s reply into each decision's integers or the
-/// error it met.
-fn answers(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
-    let Value::BulkString(bytes) = reply else {
-        return Err(Failure::Protocol(format!(
-            "malformed batch reply {reply:?}"
-        )));
-    };
-    let mut answers = Vec::with_capacity(n);
-    let mut rest = &bytes[..];
-    while !rest.is_empty() {
-        let (answer, after) = reply::batch_entry(rest).map_err(Failure::Protocol)?;
-        answers.push(answer);
-        rest = after;
-    }
-    if answers.len() != n {
-        return Err(Failure::Protocol(format!(
-            "{} replies in a batch of {n}",
-            answers.len()
-        )));
-    }
-    Ok(answers)
-}
-
-/// A lone charge's arguments with its `until` (lua/timed.lua): folded into
-/// `now` (`ARGV[1]`), which then reads `-until` instead of -1 (Redis TIME),
-/// so the deadline costs Redis no argument of its own. A store with a clock
-/// of its own sends its `now` and keeps no deadline in lone calls.
-pub(crate) fn with_until(args: &mut [i64], until: i64) {
-    if let Some(now) = args.first_mut() {
-        if *now == -1 && until > 1 {
-            *now = -until;
-        }
-    }
-}
-
 #[cfg(all(test, feature = "deadpool"))]
 mod tests {
     use std::future::Future;

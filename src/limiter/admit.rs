@@ -1,0 +1,381 @@
+//! Admitting a request: identify the caller and the cost, check the access
+//! lists and the local deciders, ask the main store, and judge its decision
+//! into a verdict. Also the peek, which asks without charging, and what the
+//! process remembers of the main store's decisions.
+
+use std::sync::Arc;
+
+use http::request::Parts;
+use tracing::Instrument;
+
+use super::settle::mark_degraded;
+use super::{Decided, Decider, Limiter, Pass, Verdict};
+use crate::access::Listed;
+use crate::decision::Decision;
+use crate::error::{StoreError, StoreErrorKind};
+use crate::failure::FailurePolicy;
+use crate::key::Key;
+use crate::metrics::{Outcome, Stopwatch};
+use crate::response;
+use crate::store::Store;
+
+/// A request [`Limiter::admit_now`] could not decide without awaiting the
+/// store; [`Limiter::admit_later`] goes on from here.
+pub(crate) struct Pending {
+    waiting: Waiting,
+    span: tracing::Span,
+}
+
+/// Where deciding stopped to await a store.
+struct Waiting {
+    key: Key,
+    cost: u64,
+    /// `Some`: the main store failed so, and the local fallback is awaited.
+    failed: Option<StoreErrorKind>,
+}
+
+impl Limiter {
+    /// Identifies the caller and decides, if that needs no waiting: the
+    /// store answers at once (an in-process store) or is not asked at all
+    /// (allow and deny lists, a missing key, throttling). Otherwise hands
+    /// back what [`admit_later`](Self::admit_later) needs to go on. Either
+    /// way the outcome is counted once, and traced in a debug span with the
+    /// policy, the hashed key and the outcome.
+    pub(crate) fn admit_now(&self, parts: &mut Parts) -> Result<Verdict, Pending> {
+        let span = tracing::debug_span!(
+            "rate_limit",
+            policy = self.policy.name(),
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            remaining = tracing::field::Empty,
+        );
+        let step = if span.is_disabled() {
+            self.decide_now(parts, &span)
+        } else {
+            let _entered = span.enter();
+            self.decide_now(parts, &span)
+        };
+        match step {
+            Ok((verdict, outcome)) => Ok(self.record(verdict, outcome, &span)),
+            Err(Waiting { key, cost, failed }) => Err(Pending {
+                waiting: Waiting { key, cost, failed },
+                span,
+            }),
+        }
+    }
+
+    /// Goes on where [`admit_now`](Self::admit_now) stopped, awaiting the
+    /// store (never past the deadline).
+    pub(crate) async fn admit_later(&self, parts: &mut Parts, pending: Pending) -> Verdict {
+        let Pending { waiting, span } = pending;
+        // Instrumenting costs a move of the whole decision's future even
+        // when nobody listens: only when the span is on.
+        let (verdict, outcome) = if span.is_disabled() {
+            self.decide_later(parts, waiting, &span).await
+        } else {
+            self.decide_later(parts, waiting, &span)
+                .instrument(span.clone())
+                .await
+        };
+        self.record(verdict, outcome, &span)
+    }
+
+    fn record(&self, verdict: Verdict, outcome: Outcome, span: &tracing::Span) -> Verdict {
+        self.metrics.decision(outcome);
+        span.record("outcome", outcome.as_str());
+        tracing::debug!(parent: span, "rate limit decision");
+        verdict
+    }
+
+    /// As far as the request can be decided without awaiting.
+    fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Result<Decided, Waiting> {
+        let (key, cost) = match self.identify(parts, span) {
+            Ok(identified) => identified,
+            Err(decided) => return Ok(decided),
+        };
+        let Some(result) = self.ask_main_now(&key, cost) else {
+            return Err(Waiting {
+                key,
+                cost,
+                failed: None,
+            });
+        };
+        let (key, local, kind) = match self.after_main(parts, key, cost, result, span) {
+            Ok(decided) => return Ok(decided),
+            Err(fallback) => fallback,
+        };
+        self.seed(local, &key);
+        match local.check_now(&self.policy, &key, cost) {
+            Some(result) => Ok(self.fallen_back(parts, key, cost, kind, result, span)),
+            None => Err(Waiting {
+                key,
+                cost,
+                failed: Some(kind),
+            }),
+        }
+    }
+
+    /// The rest of [`decide_now`](Self::decide_now), awaiting the store.
+    async fn decide_later(
+        &self,
+        parts: &mut Parts,
+        waiting: Waiting,
+        span: &tracing::Span,
+    ) -> Decided {
+        let Waiting { key, cost, failed } = waiting;
+        let (key, local, kind) = match failed {
+            Some(kind) => match &self.failure {
+                FailurePolicy::Local(local) => (key, local, kind),
+                // Only a local failure policy leaves a request waiting on a fallback.
+                _ => return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen),
+            },
+            None => {
+                let result = self.ask_main(&key, cost).await;
+                match self.after_main(parts, key, cost, result, span) {
+                    Ok(decided) => return decided,
+                    Err(fallback) => fallback,
+                }
+            }
+        };
+        // `decide_now`'s tail, awaited: sharing it would add a future to the path that answers at once.
+        self.seed(local, &key);
+        let result = Box::pin(self.ask(&**local, &key, cost)).await;
+        self.fallen_back(parts, key, cost, kind, result, span)
+    }
+
+    /// What the main store's `result` comes to, whether it answered at once
+    /// ([`decide_now`](Self::decide_now)) or was awaited
+    /// ([`decide_later`](Self::decide_later)): its decision judged, or the
+    /// failure policy's verdict, or (a local fallback) the key handed back
+    /// with the store to ask instead.
+    // Not boxed: a verdict is every request's result, and boxing it would
+    // allocate on the path this split exists to keep allocation-free.
+    #[allow(clippy::result_large_err)]
+    fn after_main(
+        &self,
+        parts: &mut Parts,
+        key: Key,
+        cost: u64,
+        result: Result<Decision, StoreError>,
+        span: &tracing::Span,
+    ) -> Result<Decided, (Key, &Arc<dyn Store>, StoreErrorKind)> {
+        let err = match result {
+            Ok(decision) => {
+                return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
+            }
+            Err(err) => err,
+        };
+        match self.on_failure(parts, err) {
+            Ok((local, kind)) => Err((key, local, kind)),
+            Err(decided) => Ok(decided),
+        }
+    }
+
+    /// The caller's key and the request's cost; or the verdict, when the
+    /// store need not (allow and deny lists, throttling) or cannot (no key)
+    /// be asked.
+    // Not boxed: a verdict is every request's result, and boxing it would
+    // allocate on the path this split exists to keep allocation-free.
+    #[allow(clippy::result_large_err)]
+    fn identify(&self, parts: &mut Parts, span: &tracing::Span) -> Result<(Key, u64), Decided> {
+        match self.access.check(parts) {
+            None => {}
+            Some(Listed::Allowed) => {
+                return Err((Verdict::Pass(Pass::bare(None)), Outcome::AllowListed))
+            }
+            Some(Listed::Denied) => {
+                let response = response::denied(self.limited_status, &self.policy);
+                return Err((Verdict::Respond(response), Outcome::DenyListed));
+            }
+        }
+        let key = match self.key.extract(parts) {
+            Ok(key) => key,
+            Err(err) => {
+                tracing::debug!(policy = self.policy.name(), error = %err, "rate limit key not found");
+                if self.shadow {
+                    return Err((Verdict::Pass(Pass::bare(None)), Outcome::KeyError));
+                }
+                let response = response::unidentified(self.key_error_status, &err);
+                return Err((Verdict::Respond(response), Outcome::KeyError));
+            }
+        };
+        if !span.is_disabled() {
+            span.record("key", key.hashed());
+        }
+        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+        if let Some((response, outcome)) = self.local.before_store(self, &key, cost) {
+            return Err((Verdict::Respond(response), outcome));
+        }
+        Ok((key, cost))
+    }
+
+    /// Turns a store's decision into the verdict: a rejection's response,
+    /// or a pass carrying what settling it needs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn judge(
+        &self,
+        parts: &mut Parts,
+        key: Key,
+        cost: u64,
+        decision: Decision,
+        decider: Decider,
+        degraded: Option<StoreErrorKind>,
+        span: &tracing::Span,
+    ) -> Decided {
+        if decider == Decider::Main {
+            self.learn_from_main(&key, cost, &decision);
+        }
+        let mut decision = decision;
+        decision.fallback = decider == Decider::Fallback;
+        span.record("remaining", decision.remaining);
+        let outcome = match (decision.allowed, decider) {
+            (true, Decider::Main) => Outcome::Allowed,
+            (true, Decider::Fallback) => Outcome::Fallback,
+            (false, _) if self.shadow => Outcome::ShadowLimited,
+            (false, _) => Outcome::Limited,
+        };
+        if outcome == Outcome::Limited {
+            let mut response =
+                response::limited(self.limited_status, &self.policy, &decision, &self.headers);
+            if let Some(kind) = degraded {
+                mark_degraded(response.headers_mut(), kind, decider);
+            }
+            return (Verdict::Respond(response), outcome);
+        }
+        // A shadow-limited request goes on with `allowed == false` in its
+        // extensions; its response shows the rejection's headers (Remaining 0)
+        // without Retry-After. The store did not charge it.
+        parts.extensions.insert(decision.clone());
+        decision.retry_after = None;
+        if self.shadow {
+            // Shadow mode never changes traffic: a leaky bucket's wait is
+            // recorded (the extension shows it) but not served.
+            decision.delay = None;
+        }
+        let pass = Pass {
+            key: Some(key),
+            decision: Some(decision),
+            decider,
+            degraded,
+        };
+        (Verdict::Pass(pass), outcome)
+    }
+
+    /// The caller's current state, without charging. It follows the
+    /// failure policy: while the main store fails (or within the cooldown
+    /// after it did), a local fallback answers, and the decision says so
+    /// ([`Decision::fallback`]); other policies have no state to show.
+    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::layer::PeekError> {
+        let key = self
+            .key
+            .extract(parts)
+            .map_err(crate::layer::PeekError::Key)?;
+        self.peek_key(&key)
+            .await
+            .map_err(crate::layer::PeekError::Store)
+    }
+
+    /// `key`'s state, charging nothing: the main store within the deadline,
+    /// else (with a local fallback) the fallback, marked as such.
+    pub(crate) async fn peek_key(&self, key: &Key) -> Result<Decision, StoreError> {
+        let err = if self.cooling_down() {
+            StoreError::cooling_down()
+        } else {
+            let peek = self.store.peek(&self.policy, key);
+            match self.within_deadline(peek).await.0 {
+                Ok(decision) => return Ok(decision),
+                Err(err) => err,
+            }
+        };
+        let FailurePolicy::Local(local) = &self.failure else {
+            return Err(err);
+        };
+        tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err,
+            "rate limit store failed a peek; answering from the local fallback");
+        self.seed(local, key);
+        let peek = local.peek(&self.policy, key);
+        match self.within_deadline(peek).await.0 {
+            Ok(mut decision) => {
+                decision.fallback = true;
+                Ok(decision)
+            }
+            Err(_) => Err(err),
+        }
+    }
+
+    /// What the main store decided, remembered as the layer would: for the
+    /// cache of rejections and the fallback's starting point.
+    pub(crate) fn learn_from_main(&self, key: &Key, cost: u64, decision: &Decision) {
+        if self.shadow {
+            return;
+        }
+        self.local.after_store(&self.policy, key, cost, decision);
+        if let Some(learned) = &self.learned {
+            learned.learn(key, decision);
+        }
+    }
+
+    /// Forgets what this process remembers of `key` (after a reset).
+    pub(crate) fn forget(&self, key: &Key) {
+        self.local.refunded(key);
+        if let Some(learned) = &self.learned {
+            learned.forget(key);
+        }
+    }
+
+    /// Asks the main store, unless it failed within the cooldown: then the
+    /// failure policy applies at once instead of every request waiting out
+    /// the deadline against a store that is down or drowning.
+    pub(crate) async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        if self.cooling_down() {
+            return Err(StoreError::cooling_down());
+        }
+        let (result, waited) = self
+            .within_deadline(self.store.check_before(
+                &self.policy,
+                key,
+                cost,
+                std::time::Instant::now() + self.deadline,
+            ))
+            .await;
+        self.answered_main(key, result, waited)
+    }
+
+    /// [`ask_main`](Self::ask_main) for a store that answers at once; `None`
+    /// if it cannot.
+    fn ask_main_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, StoreError>> {
+        if self.cooling_down() {
+            return Some(Err(StoreError::cooling_down()));
+        }
+        let result = self.store.check_now(&self.policy, key, cost)?;
+        Some(self.answered_main(key, result, Stopwatch::idle()))
+    }
+
+    /// What [`ask_main`](Self::ask_main) and
+    /// [`ask_main_now`](Self::ask_main_now) do with the main store's answer:
+    /// time it, and note a failure (starting the cooldown) or an answer.
+    // The guard before the call (`cooling_down`) stays in each: one returns
+    // a `Result`, the other an `Option` of one, and a shared guard would only
+    // move the `if`.
+    fn answered_main(
+        &self,
+        key: &Key,
+        result: Result<Decision, StoreError>,
+        waited: Stopwatch,
+    ) -> Result<Decision, StoreError> {
+        self.metrics.store_latency(waited);
+        self.note_failure(key, &result);
+        result
+    }
+
+    pub(crate) async fn ask(
+        &self,
+        store: &dyn Store,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        self.within_deadline(store.check(&self.policy, key, cost))
+            .await
+            .0
+    }
+}

@@ -1,0 +1,132 @@
+//! The request path's logic, apart from tower's plumbing, a file per job:
+//! [`admit`] identifies the caller and decides, [`breaker`] keeps a failing
+//! store at bay and applies the failure policy (within a deadline), and
+//! [`settle`] refunds, releases and writes the headers. This file holds what
+//! they share: the configuration every service clone holds, and the pass a
+//! request carries from admitting to settling.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::request::Parts;
+use http::{Response, StatusCode};
+
+use crate::access::Access;
+use crate::decision::Decision;
+use crate::error::StoreErrorKind;
+use crate::failure::{FailurePolicy, Health};
+use crate::headers::PolicyHeaders;
+use crate::key::{Key, KeyExtractor};
+use crate::local::seed::Learned;
+use crate::metrics::{Outcome, PolicyMetrics};
+use crate::quota::Policy;
+use crate::store::Store;
+
+mod admit;
+mod breaker;
+mod settle;
+
+pub(crate) use admit::Pending;
+
+/// Price of a request in quota units, from its head.
+pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+/// Whether a response's status makes its charge refundable.
+pub(crate) type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// Put in the request's extensions when the store failed and the request was
+/// let through or decided locally, so handlers can tell.
+///
+/// ```
+/// use tollgate::error::StoreErrorKind;
+/// use tollgate::layer::Fallback;
+/// let marker = Fallback { kind: StoreErrorKind::Timeout };
+/// assert_eq!(marker.kind.as_str(), "timeout");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fallback {
+    /// What went wrong with the store.
+    pub kind: StoreErrorKind,
+}
+
+/// Everything the layer was configured with; shared by all service clones.
+pub(crate) struct Limiter {
+    pub(crate) policy: Policy,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) deadline: Duration,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) limited_status: StatusCode,
+    pub(crate) key_error_status: StatusCode,
+    pub(crate) refund_when: Arc<RefundFn>,
+    pub(crate) headers: PolicyHeaders,
+    /// Decide and count, but never reject (deny-lists aside).
+    pub(crate) shadow: bool,
+    pub(crate) access: Access,
+    pub(crate) metrics: PolicyMetrics,
+    pub(crate) cooldown: Duration,
+    /// Until when (ns since [`EPOCH`](crate::failure::EPOCH)) the main
+    /// store is skipped after a failure.
+    pub(crate) skip_store_until: AtomicU64,
+    /// Whether the main store is failing, for logging outages once.
+    pub(crate) health: Health,
+    /// The main store's last word per key, which the local fallback starts
+    /// from; `None` without a local fallback, or for the concurrency limit.
+    pub(crate) learned: Option<Learned>,
+    /// Throttling mode and the local decision cache (high-volume mode).
+    pub(crate) local: crate::local::LocalDecisions,
+}
+
+/// Which store decided a request; refunds go back to the same one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Decider {
+    Main,
+    Fallback,
+}
+
+/// The shortest wait a leaky bucket's pass is made to serve: a tenth of
+/// Tokio's timer tick. Any sleep ends on a tick, once a millisecond, so a
+/// flood at a high rate (turns microseconds apart) would otherwise arm a
+/// timer per request and wait up to a millisecond for a turn a few
+/// microseconds away. Passing such a request at once starts it at most
+/// 0.1 ms early, well inside the timer's own resolution. The turn itself,
+/// and the bucket's rate, are the store's and do not change.
+const SHORTEST_WAIT: Duration = Duration::from_micros(100);
+
+/// A request allowed through, with what is needed to settle it.
+pub(crate) struct Pass {
+    key: Option<Key>,
+    decision: Option<Decision>,
+    decider: Decider,
+    degraded: Option<StoreErrorKind>,
+}
+
+impl Pass {
+    /// How long the request waits for its turn (a leaky bucket's queue),
+    /// if at least [`SHORTEST_WAIT`].
+    pub(crate) fn delay(&self) -> Option<Duration> {
+        let delay = self.decision.as_ref().and_then(|d| d.delay)?;
+        (delay >= SHORTEST_WAIT).then_some(delay)
+    }
+
+    /// Through without a decision: nothing to settle, no headers.
+    fn bare(degraded: Option<StoreErrorKind>) -> Self {
+        Pass {
+            key: None,
+            decision: None,
+            decider: Decider::Main,
+            degraded,
+        }
+    }
+}
+
+/// The outcome of admitting a request.
+pub(crate) enum Verdict {
+    Pass(Pass),
+    Respond(Response<Body>),
+}
+
+/// A verdict and how it is counted.
+type Decided = (Verdict, Outcome);
