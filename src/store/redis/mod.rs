@@ -532,7 +532,6 @@ impl RedisStore {
         &self.inner.conn
     }
 
-    #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
     /// Every Lua script this crate sends to Redis, exactly as sent, by a
     /// name unique among them: each strategy's decision, its no-writes twin
     /// for peeks and pre-checks (and that twin without flags, for Redis
@@ -549,14 +548,15 @@ impl RedisStore {
     /// assert!(text.starts_with("#!lua flags=no-writes"));
     /// ```
     pub fn scripts() -> Vec<(&'static str, &'static str)> {
-        let mut all: Vec<&'static LuaScript> = SCRIPTS.all();
+        let all = SCRIPTS.all().into_iter();
         #[cfg(feature = "throttle")]
-        all.extend(crate::throttle::sync_scripts());
-        all.iter().map(|s| (s.name(), s.source())).collect()
+        let all = all.chain(crate::throttle::sync_scripts());
+        all.map(|s| (s.name(), s.source())).collect()
     }
 
     /// What the servers' scripting can do, shared with the throttle's sync
     /// task.
+    #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
     pub(crate) fn scripting(&self) -> &Arc<Scripting> {
         &self.inner.scripting
     }
