@@ -8,6 +8,7 @@
 //! Entries older than the timeout belong to app servers that crashed before
 //! releasing them: they stop counting, and a writing check removes them.
 
+use super::Algorithm;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -90,6 +91,33 @@ pub(crate) fn release(set: &mut InFlight, id: u64) {
 /// `PEXPIRE` takes it, by which every entry it holds is stale.
 pub(crate) fn expiry_micros(timeout: u64) -> u64 {
     timeout.div_ceil(1000) * 1000
+}
+
+/// The concurrency limit's home (see [`Algorithm`]).
+pub(crate) struct Concurrency;
+
+impl Algorithm for Concurrency {
+    fn name(&self) -> &'static str {
+        "concurrency"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// A slot frees whenever a response ends.
+    fn rejection_is_stable(&self) -> bool {
+        false
+    }
+
+    /// A slot frees whenever a response ends.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn holds_until_response_ends(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //!
 //! Mirrors `lua/fixed_window.lua` line for line; change both together.
 
+use super::Algorithm;
 use crate::decision::{Decision, Receipt};
 use crate::quota::Quota;
 
@@ -92,6 +93,29 @@ pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], cost: u64) 
                 w.count = w.count.saturating_sub(cost);
             }
         }
+    }
+}
+
+/// The fixed window's home (see [`Algorithm`]).
+pub(crate) struct FixedWindow;
+
+impl Algorithm for FixedWindow {
+    fn name(&self) -> &'static str {
+        "fixed_window"
+    }
+
+    fn max_quotas(&self) -> usize {
+        8
+    }
+
+    /// Nothing is spent back before reset.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// Nothing is spent back before reset.
+    fn exhaustion_is_stable(&self) -> bool {
+        true
     }
 }
 

@@ -8,6 +8,7 @@
 //! moment the bucket would be full again. A request of `cost` conforms when
 //! `max(tat, now) + cost × T − now ≤ burst × T`.
 
+use super::{Algorithm, Strategy};
 use std::num::NonZeroU32;
 
 use super::MAX_SPAN_MICROS;
@@ -84,6 +85,43 @@ pub(crate) fn refund(tat: &mut Option<u64>, quota: &Quota, now: u64, stamp: u64,
             .saturating_sub(back)
             .max(stamp.saturating_sub(back))
             .max(now);
+    }
+}
+
+/// The GCRA's home (see [`Algorithm`]).
+pub(crate) struct Gcra;
+
+/// The burst of `strategy`, a GCRA.
+fn burst_of(strategy: &Strategy) -> NonZeroU32 {
+    match strategy {
+        Strategy::Gcra { burst } => *burst,
+        other => unreachable!("the GCRA called for {other:?}"),
+    }
+}
+
+impl Algorithm for Gcra {
+    fn name(&self) -> &'static str {
+        "gcra"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// The bucket refills only with time, and other requests only drain it,
+    /// so the first moment the request fits can only move later.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// `reset_at` is when the bucket is full again, but one unit frees
+    /// earlier, one emission interval later.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn validate(&self, strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        validate(quotas, burst_of(strategy))
     }
 }
 

@@ -13,6 +13,7 @@
 //! accepted and they leave at `now, now + T, now + 2T, ...`: never faster
 //! than the rate, across every app server sharing the store.
 
+use super::{Algorithm, Strategy};
 use std::num::NonZeroU32;
 
 use crate::decision::{Decision, Receipt};
@@ -89,6 +90,42 @@ pub(crate) fn refund(next_free: &mut Option<u64>, stamp: u64, cost: u64, interva
         if stamp > now && stamp <= *free_at {
             *free_at = free_at.saturating_sub(cost * interval).max(now);
         }
+    }
+}
+
+/// The leaky bucket's home (see [`Algorithm`]).
+pub(crate) struct LeakyBucket;
+
+/// The capacity of `strategy`, a leaky bucket.
+fn capacity_of(strategy: &Strategy) -> NonZeroU32 {
+    match strategy {
+        Strategy::LeakyBucket { capacity } => *capacity,
+        other => unreachable!("the leaky bucket called for {other:?}"),
+    }
+}
+
+impl Algorithm for LeakyBucket {
+    fn name(&self) -> &'static str {
+        "leaky_bucket"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// The level only drains at the rate, and only other requests raise it.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// A place frees one interval later, long before the bucket is empty.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn validate(&self, strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        let capacity = capacity_of(strategy);
+        quotas.iter().try_for_each(|q| validate(q, capacity))
     }
 }
 

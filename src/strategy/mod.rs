@@ -132,92 +132,100 @@ pub enum Strategy {
 impl Strategy {
     /// A short stable name, for logs, metrics and Redis keys.
     pub fn as_str(&self) -> &'static str {
+        self.algorithm().name()
+    }
+
+    /// The one home of this strategy, which the stores call: the one
+    /// registration of each strategy. A call through it is one indirect
+    /// call, where a `match` was a jump table.
+    pub(crate) fn algorithm(&self) -> &'static dyn Algorithm {
         match self {
-            Strategy::FixedWindow => "fixed_window",
-            Strategy::UniformGate => "uniform_gate",
-            Strategy::SlidingLog => "sliding_log",
-            Strategy::SlidingWindow => "sliding_window",
-            Strategy::Gcra { .. } => "gcra",
-            Strategy::LeakyBucket { .. } => "leaky_bucket",
-            Strategy::Concurrency => "concurrency",
+            Strategy::FixedWindow => &fixed_window::FixedWindow,
+            Strategy::UniformGate => &uniform_gate::UniformGate,
+            Strategy::SlidingLog => &sliding_log::SlidingLog,
+            Strategy::SlidingWindow => &sliding_window::SlidingWindow,
+            Strategy::Gcra { .. } => &gcra::Gcra,
+            Strategy::LeakyBucket { .. } => &leaky_bucket::LeakyBucket,
+            Strategy::Concurrency => &concurrency::Concurrency,
         }
     }
 
     /// How many quotas one decision of this strategy can check at once.
     pub(crate) fn max_quotas(&self) -> usize {
-        match self {
-            Strategy::FixedWindow => 8,
-            Strategy::UniformGate => 1,
-            Strategy::SlidingLog => 2,
-            Strategy::SlidingWindow => 8,
-            Strategy::Gcra { .. } => 1,
-            Strategy::LeakyBucket { .. } | Strategy::Concurrency => 1,
-        }
+        self.algorithm().max_quotas()
     }
 
     /// Whose budget quota `i` is.
     pub(crate) fn scope_of(&self, quota: usize) -> Scope {
-        match self {
-            Strategy::SlidingLog if quota == sliding_log::RESOURCE => Scope::Resource,
-            _ => Scope::Consumer,
-        }
+        self.algorithm().scope_of(quota)
     }
 
     /// Whether some quota is shared by every caller: then all keys of the
     /// policy share one hash tag (one Redis Cluster slot, one memory shard).
     pub(crate) fn has_resource_quota(&self) -> bool {
-        matches!(self, Strategy::SlidingLog)
+        self.algorithm().has_resource_quota()
     }
 
-    /// Whether a rejection stays true until its `retry_after` for requests
-    /// costing at least as much, whatever else happens to the key (refunds
-    /// aside), so the layer's local cache may repeat it without the store.
-    /// Fixed window: nothing is spent back before reset. Leaky bucket: the
-    /// level only drains at the rate, and only other requests raise it.
-    /// Concurrency: no, a slot frees whenever a response ends. Uniform gate:
-    /// only time reopens it. Sliding log, sliding window, GCRA: entries leave,
-    /// the previous window decays and the bucket refills only with time, and
-    /// other requests only add to them, so the first moment the request fits
-    /// can only move later.
+    /// See [`Algorithm::rejection_is_stable`].
     pub(crate) fn rejection_is_stable(&self) -> bool {
-        match self {
-            Strategy::FixedWindow | Strategy::LeakyBucket { .. } => true,
-            Strategy::UniformGate | Strategy::SlidingLog => true,
-            Strategy::SlidingWindow | Strategy::Gcra { .. } => true,
-            Strategy::Concurrency => false,
-        }
+        self.algorithm().rejection_is_stable()
     }
 
-    /// Whether a pass with nothing left means every request is rejected
-    /// until `reset_at`. Fixed window: yes. Uniform gate: yes, it reopens at
-    /// `reset_at`. Leaky bucket: no, a place frees one interval later, long
-    /// before the bucket is empty. Concurrency: no. Sliding log, sliding
-    /// window, GCRA: no, `reset_at` is when the limit is whole again, but one
-    /// unit frees earlier (the oldest entry leaves, the previous window
-    /// decays, one emission interval passes).
+    /// See [`Algorithm::exhaustion_is_stable`].
     pub(crate) fn exhaustion_is_stable(&self) -> bool {
-        match self {
-            Strategy::FixedWindow | Strategy::UniformGate => true,
-            Strategy::LeakyBucket { .. } | Strategy::Concurrency => false,
-            Strategy::SlidingLog | Strategy::SlidingWindow | Strategy::Gcra { .. } => false,
-        }
+        self.algorithm().exhaustion_is_stable()
     }
 
     /// Whether a pass holds its charge until the response ends (and gives it
     /// back then), rather than spending it.
     pub(crate) fn holds_until_response_ends(&self) -> bool {
-        matches!(self, Strategy::Concurrency)
+        self.algorithm().holds_until_response_ends()
     }
 
     pub(crate) fn validate(&self, quotas: &[Quota]) -> Result<(), ConfigError> {
-        match self {
-            Strategy::FixedWindow | Strategy::SlidingWindow | Strategy::Concurrency => Ok(()),
-            Strategy::UniformGate => uniform_gate::validate(quotas),
-            Strategy::SlidingLog => sliding_log::validate(quotas),
-            Strategy::Gcra { burst } => gcra::validate(quotas, *burst),
-            Strategy::LeakyBucket { capacity } => quotas
-                .iter()
-                .try_for_each(|q| leaky_bucket::validate(q, *capacity)),
-        }
+        self.algorithm().validate(self, quotas)
+    }
+}
+
+/// Everything the rest of the crate asks of one strategy, answered in the
+/// strategy's own file: its flags, its memory state, its Redis calls.
+/// Each strategy is a unit struct; a strategy with parameters reads them
+/// from the [`Strategy`] it is given.
+pub(crate) trait Algorithm: Sync {
+    /// See [`Strategy::as_str`].
+    fn name(&self) -> &'static str;
+
+    /// How many quotas one decision of this strategy can check at once.
+    fn max_quotas(&self) -> usize;
+
+    /// Whose budget quota `i` is.
+    fn scope_of(&self, _quota: usize) -> Scope {
+        Scope::Consumer
+    }
+
+    /// Whether some quota is shared by every caller: then all keys of the
+    /// policy share one hash tag (one Redis Cluster slot, one memory shard).
+    fn has_resource_quota(&self) -> bool {
+        false
+    }
+
+    /// Whether a rejection stays true until its `retry_after` for requests
+    /// costing at least as much, whatever else happens to the key (refunds
+    /// aside), so the layer's local cache may repeat it without the store.
+    fn rejection_is_stable(&self) -> bool;
+
+    /// Whether a pass with nothing left means every request is rejected
+    /// until `reset_at`.
+    fn exhaustion_is_stable(&self) -> bool;
+
+    /// Whether a pass holds its charge until the response ends (and gives it
+    /// back then), rather than spending it.
+    fn holds_until_response_ends(&self) -> bool {
+        false
+    }
+
+    /// Whether `quotas` suit `strategy` (this strategy, with its parameters).
+    fn validate(&self, _strategy: &Strategy, _quotas: &[Quota]) -> Result<(), ConfigError> {
+        Ok(())
     }
 }

@@ -9,6 +9,8 @@
 //! `(now - window, now]` plus its cost are at most the limit; rejected
 //! requests are not logged, so a log never holds more than its limit.
 
+use super::{Algorithm, Strategy};
+use crate::decision::Scope;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -171,6 +173,47 @@ pub(crate) fn refund(logs: &mut [Log], stamps: &[u64], cost: u64) {
         for log in logs {
             log.remove(at, id, cost);
         }
+    }
+}
+
+/// The sliding log's home (see [`Algorithm`]).
+pub(crate) struct SlidingLog;
+
+impl Algorithm for SlidingLog {
+    fn name(&self) -> &'static str {
+        "sliding_log"
+    }
+
+    fn max_quotas(&self) -> usize {
+        2
+    }
+
+    fn scope_of(&self, quota: usize) -> Scope {
+        if quota == RESOURCE {
+            Scope::Resource
+        } else {
+            Scope::Consumer
+        }
+    }
+
+    fn has_resource_quota(&self) -> bool {
+        true
+    }
+
+    /// Entries leave only with time, and other requests only add to them, so
+    /// the first moment the request fits can only move later.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// `reset_at` is when the limit is whole again, but one unit frees
+    /// earlier, when the oldest entry leaves.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        validate(quotas)
     }
 }
 

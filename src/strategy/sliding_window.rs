@@ -12,6 +12,7 @@
 //! step, computed by the same IEEE-754 operations in Rust and in Lua, so both
 //! stores decide identically.
 
+use super::Algorithm;
 use crate::decision::{Decision, Receipt};
 use crate::quota::Quota;
 
@@ -203,6 +204,31 @@ pub(crate) fn refund(
                 c.prev -= cost.min(c.prev);
             }
         }
+    }
+}
+
+/// The sliding-window counter's home (see [`Algorithm`]).
+pub(crate) struct SlidingWindow;
+
+impl Algorithm for SlidingWindow {
+    fn name(&self) -> &'static str {
+        "sliding_window"
+    }
+
+    fn max_quotas(&self) -> usize {
+        8
+    }
+
+    /// The previous window decays only with time, and other requests only
+    /// add, so the first moment the request fits can only move later.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// `reset_at` is when the limit is whole again, but one unit frees
+    /// earlier, as the previous window decays.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
     }
 }
 

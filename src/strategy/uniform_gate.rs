@@ -8,6 +8,7 @@
 //! decides, to the microsecond, and check-and-set is one atomic step.
 
 use super::MAX_SPAN_MICROS;
+use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -52,6 +53,33 @@ pub(crate) fn check(reopen_at: &mut Option<u64>, quota: &Quota, now: u64, cost: 
 pub(crate) fn refund(reopen_at: &mut Option<u64>, stamp: u64) {
     if *reopen_at == Some(stamp) {
         *reopen_at = None;
+    }
+}
+
+/// The uniform gate's home (see [`Algorithm`]).
+pub(crate) struct UniformGate;
+
+impl Algorithm for UniformGate {
+    fn name(&self) -> &'static str {
+        "uniform_gate"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// Only time reopens it.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// It reopens at `reset_at`.
+    fn exhaustion_is_stable(&self) -> bool {
+        true
+    }
+
+    fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        validate(quotas)
     }
 }
 
