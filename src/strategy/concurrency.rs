@@ -9,6 +9,9 @@
 //! releasing them: they stop counting, and a writing check removes them.
 
 use super::Algorithm;
+use crate::quota::Policy;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -117,6 +120,43 @@ impl Algorithm for Concurrency {
 
     fn holds_until_response_ends(&self) -> bool {
         true
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let quota = policy.quotas()[0];
+        let (limit, timeout) = (u64::from(quota.limit()), quota.window_micros());
+        let mut set = match shard.get(keys.first(), now) {
+            Some(State::InFlight(set)) => set.clone(),
+            _ => InFlight::default(),
+        };
+        let id = new_id();
+        let d = check(&mut set, limit, timeout, now, cost, id);
+        if d.allowed && cost > 0 {
+            let expires = now + expiry_micros(timeout);
+            shard.put(keys.first(), State::InFlight(set), expires);
+        }
+        d
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        if let Some(State::InFlight(set)) = shard.get_mut(keys.first(), now) {
+            let id = receipt.stamps().first().copied().unwrap_or(0);
+            release(set, id);
+        }
     }
 }
 

@@ -4,7 +4,10 @@
 
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
+use crate::quota::Policy;
 use crate::quota::Quota;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{with_slots, Shard, State};
 
 /// One quota's window: what was spent and when the window ends (µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +119,51 @@ impl Algorithm for FixedWindow {
     /// Nothing is spent back before reset.
     fn exhaustion_is_stable(&self) -> bool {
         true
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        with_slots(policy.quotas().len(), |windows| {
+            for (slot, k) in windows.iter_mut().zip(keys.iter()) {
+                if let Some(State::Window(w)) = shard.get(k, now) {
+                    *slot = Some(*w);
+                }
+            }
+            let decision = check(windows, policy.quotas(), now, cost);
+            if decision.allowed && cost > 0 {
+                for (k, w) in keys.iter().zip(windows.iter()) {
+                    if let Some(w) = *w {
+                        shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
+                    }
+                }
+            }
+            decision
+        })
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        for (k, stamp) in keys.iter().zip(receipt.stamps()) {
+            if let Some(State::Window(w)) = shard.get_mut(k, now) {
+                let mut slot = [Some(*w)];
+                refund(&mut slot, &[*stamp], receipt.cost());
+                if let Some(refunded) = slot[0] {
+                    *w = refunded;
+                }
+            }
+        }
     }
 }
 

@@ -8,7 +8,11 @@
 //! moment the bucket would be full again. A request of `cost` conforms when
 //! `max(tat, now) + cost × T − now ≤ burst × T`.
 
+use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::{Algorithm, Strategy};
+use crate::quota::Policy;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
 use std::num::NonZeroU32;
 
 use super::MAX_SPAN_MICROS;
@@ -122,6 +126,42 @@ impl Algorithm for Gcra {
 
     fn validate(&self, strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
         validate(quotas, burst_of(strategy))
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let burst = burst_of(policy.strategy());
+        let mut tat = match shard.get(keys.first(), now) {
+            Some(State::Tat(at)) => Some(*at),
+            _ => None,
+        };
+        let decision = check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
+        if let (true, Some(at)) = (decision.allowed && cost > 0, tat) {
+            shard.put(keys.first(), State::Tat(at), at + EXPIRY_GRACE_MICROS);
+        }
+        decision
+    }
+
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        let stamp = receipt.stamps().first();
+        if let (Some(State::Tat(at)), Some(&stamp)) = (shard.get_mut(keys.first(), now), stamp) {
+            let mut tat = Some(*at);
+            refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
+            *at = tat.unwrap_or(*at);
+        }
     }
 }
 

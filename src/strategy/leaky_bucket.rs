@@ -14,6 +14,9 @@
 //! than the rate, across every app server sharing the store.
 
 use super::{Algorithm, Strategy};
+use crate::quota::Policy;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
 use std::num::NonZeroU32;
 
 use crate::decision::{Decision, Receipt};
@@ -126,6 +129,46 @@ impl Algorithm for LeakyBucket {
     fn validate(&self, strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
         let capacity = capacity_of(strategy);
         quotas.iter().try_for_each(|q| validate(q, capacity))
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let capacity = capacity_of(policy.strategy());
+        let interval = interval_micros(&policy.quotas()[0]);
+        let mut next_free = match shard.get(keys.first(), now) {
+            Some(State::Leaky(t)) => Some(*t),
+            _ => None,
+        };
+        let capacity = u64::from(capacity.get());
+        let d = check(&mut next_free, capacity, interval, now, cost);
+        if let (true, Some(t)) = (d.allowed && cost > 0, next_free) {
+            let expires = t + EXPIRY_GRACE_MICROS;
+            shard.put(keys.first(), State::Leaky(t), expires);
+        }
+        d
+    }
+
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        let interval = interval_micros(&policy.quotas()[0]);
+        if let Some(State::Leaky(t)) = shard.get_mut(keys.first(), now) {
+            let mut next_free = Some(*t);
+            let stamp = receipt.stamps().first().copied().unwrap_or(0);
+            refund(&mut next_free, stamp, receipt.cost(), interval, now);
+            *t = next_free.unwrap_or(*t);
+        }
     }
 }
 

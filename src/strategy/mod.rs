@@ -14,9 +14,11 @@ pub(crate) mod uniform_gate;
 
 use std::num::NonZeroU32;
 
-use crate::decision::Scope;
+use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::Shard;
 
 /// The longest any state may matter: a year and a day, in µs.
 pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
@@ -228,4 +230,27 @@ pub(crate) trait Algorithm: Sync {
     fn validate(&self, _strategy: &Strategy, _quotas: &[Quota]) -> Result<(), ConfigError> {
         Ok(())
     }
+
+    /// The memory store's decision, under the lock of `shard`, which holds
+    /// the decision's keys (named `keys`, one per quota): this strategy's
+    /// [`State`](crate::store::memory::State) read, checked by the model
+    /// and written back with its expiry.
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision;
+
+    /// The memory store's refund of `receipt`, under the lock of `shard`.
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    );
 }

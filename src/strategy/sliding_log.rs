@@ -9,8 +9,14 @@
 //! `(now - window, now]` plus its cost are at most the limit; rejected
 //! requests are not logged, so a log never holds more than its limit.
 
+use smallvec::SmallVec;
+
+use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::{Algorithm, Strategy};
 use crate::decision::Scope;
+use crate::quota::Policy;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -214,6 +220,66 @@ impl Algorithm for SlidingLog {
 
     fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
         validate(quotas)
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        // Logs can be long: move them out of their entries, not
+        // copies, and back in place (a rejection allocates nothing).
+        let mut logs = SmallVec::<[Log; 2]>::new();
+        let mut expiries = SmallVec::<[Option<u64>; 2]>::new();
+        for k in keys.iter() {
+            // The live log with its expiry, moved out: an empty log stays
+            // in its place until `put` or `remove`, so the key's name is not
+            // given up and allocated again.
+            let (log, expires_at) = match shard.get_mut_with_expiry(k, now) {
+                Some((State::Log(log), expires_at)) => {
+                    (Some(std::mem::take(log)), Some(expires_at))
+                }
+                _ => (None, None),
+            };
+            logs.push(log.unwrap_or_default());
+            expiries.push(expires_at);
+        }
+        let id = request_id();
+        let decision = check(&mut logs, policy.quotas(), now, cost, id);
+        let charged = decision.allowed && cost > 0;
+        for ((k, log), (q, expires_at)) in keys
+            .iter()
+            .zip(logs)
+            .zip(policy.quotas().iter().zip(expiries))
+        {
+            let expires_at = match (charged, log.newest()) {
+                (true, Some(newest)) => Some(newest + q.window_micros() + EXPIRY_GRACE_MICROS),
+                _ => expires_at,
+            };
+            match expires_at.filter(|_| !log.is_empty()) {
+                Some(expires_at) => shard.put(k, State::Log(log), expires_at),
+                None => shard.remove(k),
+            }
+        }
+        decision
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        for k in keys.iter() {
+            if let Some(State::Log(log)) = shard.get_mut(k, now) {
+                refund(std::slice::from_mut(log), receipt.stamps(), receipt.cost());
+            }
+        }
     }
 }
 

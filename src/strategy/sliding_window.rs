@@ -12,9 +12,13 @@
 //! step, computed by the same IEEE-754 operations in Rust and in Lua, so both
 //! stores decide identically.
 
+use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
+use crate::quota::Policy;
 use crate::quota::Quota;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{with_slots, Shard, State};
 
 /// One quota's stored counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,6 +233,51 @@ impl Algorithm for SlidingWindow {
     /// earlier, as the previous window decays.
     fn exhaustion_is_stable(&self) -> bool {
         false
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        with_slots(policy.quotas().len(), |counters| {
+            for (slot, k) in counters.iter_mut().zip(keys.iter()) {
+                if let Some(State::Counter(c)) = shard.get(k, now) {
+                    *slot = Some(*c);
+                }
+            }
+            let decision = check(counters, policy.quotas(), now, cost);
+            if decision.allowed && cost > 0 {
+                let counters = counters.iter().copied();
+                for ((k, c), q) in keys.iter().zip(counters).zip(policy.quotas()) {
+                    if let Some(c) = c {
+                        let expires_at = c.stale_at(q.window_micros()) + EXPIRY_GRACE_MICROS;
+                        shard.put(k, State::Counter(c), expires_at);
+                    }
+                }
+            }
+            decision
+        })
+    }
+
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        for ((k, q), stamp) in keys.iter().zip(policy.quotas()).zip(receipt.stamps()) {
+            if let Some(State::Counter(c)) = shard.get_mut(k, now) {
+                let mut slot = [Some(*c)];
+                refund(&mut slot, &[*q], &[*stamp], receipt.cost());
+                *c = slot[0].unwrap_or(*c);
+            }
+        }
     }
 }
 

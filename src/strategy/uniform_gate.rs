@@ -7,11 +7,15 @@
 //! second early, and check then set in two round trips; here the stored time
 //! decides, to the microsecond, and check-and-set is one atomic step.
 
+use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
+use crate::quota::Policy;
 use crate::quota::Quota;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
 
 /// The gate takes one quota whose limit is 1: its window is the span.
 pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
@@ -80,6 +84,44 @@ impl Algorithm for UniformGate {
 
     fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
         validate(quotas)
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let quota = &policy.quotas()[0];
+        let mut gate = match shard.get(keys.first(), now) {
+            Some(State::Gate(at)) => Some(*at),
+            _ => None,
+        };
+        let decision = check(&mut gate, quota, now, cost);
+        if let (true, Some(at)) = (decision.allowed && cost > 0, gate) {
+            shard.put(keys.first(), State::Gate(at), at + EXPIRY_GRACE_MICROS);
+        }
+        decision
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        let stamp = receipt.stamps().first();
+        if let (Some(State::Gate(at)), Some(&stamp)) = (shard.get(keys.first(), now), stamp) {
+            let mut gate = Some(*at);
+            refund(&mut gate, stamp);
+            if gate.is_none() {
+                shard.remove(keys.first());
+            }
+        }
     }
 }
 
