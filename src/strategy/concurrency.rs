@@ -12,6 +12,10 @@ use super::Algorithm;
 use crate::quota::Policy;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, Args, GiveBack};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -157,6 +161,39 @@ impl Algorithm for Concurrency {
             let id = receipt.stamps().first().copied().unwrap_or(0);
             release(set, id);
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let scripts = &*SCRIPTS;
+        let script = if read_only {
+            &scripts.concurrency_peek
+        } else {
+            &scripts.concurrency
+        };
+        let quota = policy.quotas()[0];
+        let args = Args::from_slice(&[
+            now,
+            int(cost),
+            int(quota.limit()),
+            int(quota.window_micros()),
+            int(new_id()),
+        ]);
+        (script, args)
+    }
+
+    /// `lua/concurrency_release.lua`'s arguments: the slot's id and cost.
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let id = receipt.stamps().first().copied().unwrap_or(0);
+        let args = Args::from_slice(&[int(id), int(receipt.cost())]);
+        GiveBack::Release(&SCRIPTS.concurrency_release, args)
     }
 }
 

@@ -8,6 +8,10 @@ use crate::quota::Policy;
 use crate::quota::Quota;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{with_slots, Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, Args, GiveBack};
 
 /// One quota's window: what was spent and when the window ends (µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +168,34 @@ impl Algorithm for FixedWindow {
                 }
             }
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let scripts = &*SCRIPTS;
+        let script = if read_only {
+            &scripts.fixed_window_peek
+        } else {
+            &scripts.fixed_window
+        };
+        let mut args = Args::new();
+        args.push(now);
+        args.push(int(cost));
+        args.extend(quota_ints(policy));
+        (script, args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![receipt.cost().to_string()];
+        args.extend(receipt.stamps().iter().map(u64::to_string));
+        GiveBack::Refund(&SCRIPTS.fixed_window_refund, args)
     }
 }
 

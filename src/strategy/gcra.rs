@@ -13,6 +13,10 @@ use super::{Algorithm, Strategy};
 use crate::quota::Policy;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, stamps, Args, GiveBack};
 use std::num::NonZeroU32;
 
 use super::MAX_SPAN_MICROS;
@@ -162,6 +166,35 @@ impl Algorithm for Gcra {
             refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
             *at = tat.unwrap_or(*at);
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let burst = burst_of(policy.strategy());
+        let args = Args::from_slice(&[
+            now,
+            int(cost),
+            int(interval(&policy.quotas()[0])),
+            int(burst.get()),
+        ]);
+        (SCRIPTS.gcra.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![
+            now.to_string(),
+            receipt.cost().to_string(),
+            interval(&policy.quotas()[0]).to_string(),
+        ];
+        args.extend(stamps(receipt));
+        GiveBack::Refund(&SCRIPTS.gcra.refund, args)
     }
 }
 

@@ -14,9 +14,15 @@
 //! than the rate, across every app server sharing the store.
 
 use super::{Algorithm, Strategy};
+#[cfg(feature = "redis")]
+use crate::error::StoreError;
 use crate::quota::Policy;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, reply, reply::Ints, Args, GiveBack};
 use std::num::NonZeroU32;
 
 use crate::decision::{Decision, Receipt};
@@ -169,6 +175,47 @@ impl Algorithm for LeakyBucket {
             refund(&mut next_free, stamp, receipt.cost(), interval, now);
             *t = next_free.unwrap_or(*t);
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let capacity = capacity_of(policy.strategy());
+        let scripts = &*SCRIPTS;
+        let script = if read_only {
+            &scripts.leaky_bucket_peek
+        } else {
+            &scripts.leaky_bucket
+        };
+        let args = Args::from_slice(&[
+            now,
+            int(cost),
+            int(capacity.get()),
+            int(interval_micros(&policy.quotas()[0])),
+        ]);
+        (script, args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
+        let args = vec![
+            now.to_string(),
+            receipt.cost().to_string(),
+            interval_micros(&policy.quotas()[0]).to_string(),
+            receipt.stamps().first().copied().unwrap_or(0).to_string(),
+        ];
+        GiveBack::Refund(&SCRIPTS.leaky_bucket_refund, args)
+    }
+
+    /// The reply of a shaping decision, with its delay.
+    #[cfg(feature = "redis")]
+    fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
+        reply::shaped(ints, cost)
     }
 }
 

@@ -16,9 +16,13 @@ use std::num::NonZeroU32;
 
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
+#[cfg(feature = "redis")]
+use crate::error::StoreError;
 use crate::quota::{Policy, Quota};
 use crate::store::keys::KeyNames;
 use crate::store::memory::Shard;
+#[cfg(feature = "redis")]
+use crate::store::redis::{reply::Ints, script::LuaScript, Args, GiveBack};
 
 /// The longest any state may matter: a year and a day, in µs.
 pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
@@ -253,4 +257,27 @@ pub(crate) trait Algorithm: Sync {
         now: u64,
         receipt: &Receipt,
     );
+
+    /// The Redis store's decision: the script to run (the no-writes twin
+    /// when `read_only`) and its arguments, `now` (µs, or -1 for Redis
+    /// `TIME`) and `cost` first. The keys are the policy's quota keys.
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args);
+
+    /// The Redis store's refund of `receipt`, at `now` (µs, or -1 for Redis
+    /// `TIME`), on the policy's quota keys.
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack;
+
+    /// What a decision script's reply `ints` means.
+    #[cfg(feature = "redis")]
+    fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
+        crate::store::redis::reply::decision(ints, cost)
+    }
 }

@@ -9,6 +9,10 @@
 //! `(now - window, now]` plus its cost are at most the limit; rejected
 //! requests are not logged, so a log never holds more than its limit.
 
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
 use smallvec::SmallVec;
 
 use super::fixed_window::EXPIRY_GRACE_MICROS;
@@ -280,6 +284,26 @@ impl Algorithm for SlidingLog {
                 refund(std::slice::from_mut(log), receipt.stamps(), receipt.cost());
             }
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let mut args = Args::from_slice(&[now, int(cost), int(request_id())]);
+        args.extend(quota_ints(policy));
+        (SCRIPTS.sliding_log.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![receipt.cost().to_string()];
+        args.extend(stamps(receipt));
+        GiveBack::Refund(&SCRIPTS.sliding_log.refund, args)
     }
 }
 

@@ -19,6 +19,10 @@ use crate::quota::Policy;
 use crate::quota::Quota;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{with_slots, Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
 
 /// One quota's stored counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,6 +282,32 @@ impl Algorithm for SlidingWindow {
                 *c = slot[0].unwrap_or(*c);
             }
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let mut args = Args::from_slice(&[now, int(cost)]);
+        args.extend(quota_ints(policy));
+        (SCRIPTS.sliding_window.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![receipt.cost().to_string()];
+        args.extend(stamps(receipt));
+        args.extend(
+            policy
+                .quotas()
+                .iter()
+                .map(|q| q.window_micros().to_string()),
+        );
+        GiveBack::Refund(&SCRIPTS.sliding_window.refund, args)
     }
 }
 

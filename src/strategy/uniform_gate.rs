@@ -16,6 +16,10 @@ use crate::quota::Policy;
 use crate::quota::Quota;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, stamps, Args, GiveBack};
 
 /// The gate takes one quota whose limit is 1: its window is the span.
 pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
@@ -122,6 +126,25 @@ impl Algorithm for UniformGate {
                 shard.remove(keys.first());
             }
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let span = policy.quotas()[0].window_micros();
+        let args = Args::from_slice(&[now, int(cost), int(span), int(MAX_SPAN_MICROS)]);
+        (SCRIPTS.uniform_gate.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let args = stamps(receipt).collect();
+        GiveBack::Refund(&SCRIPTS.uniform_gate.refund, args)
     }
 }
 
