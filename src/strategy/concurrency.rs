@@ -13,7 +13,8 @@ use crate::quota::Policy;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, Args, GiveBack};
 use std::hash::{BuildHasher, RandomState};
@@ -100,6 +101,48 @@ pub(crate) fn expiry_micros(timeout: u64) -> u64 {
     timeout.div_ceil(1000) * 1000
 }
 
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    let batch = include_str!("../../lua/concurrency_batch.lua");
+    // Not a check, but the release batches as one, in the checks' own
+    // batch script: a crowd releases its slots as fast as it takes them,
+    // and both go out in one call. Its request id is `ARGV[1]` of
+    // `lua/concurrency_release.lua`.
+    let release = LuaScript::packed(
+        "concurrency_release",
+        include_str!("../../lua/concurrency_release.lua"),
+    )
+    .batched(LuaScript::batch_with("concurrency_batch", batch))
+    .taking_id_at(0);
+    let trio = Trio::new(
+        "concurrency",
+        include_str!("../../lua/concurrency.lua"),
+        Some(batch),
+        release,
+    );
+    // The request id is `ARGV[5]` of `lua/concurrency.lua`.
+    Trio {
+        check: trio.check.taking_id_at(4).holding(release_of),
+        ..trio
+    }
+});
+
+/// What gives back the slots a pass of `lua/concurrency.lua` took with
+/// `args`: `lua/concurrency_release.lua` with the id and cost (the check's
+/// `ARGV[5]` and `ARGV[2]`).
+#[cfg(feature = "redis")]
+fn release_of(args: &[i64]) -> Option<(&'static LuaScript, Args)> {
+    let (&cost, &id) = (args.get(1)?, args.get(4)?);
+    Some((&LUA.refund, Args::from_slice(&[id, cost])))
+}
+
+/// `lua/concurrency_release.lua`, which frees a slot.
+#[cfg(feature = "redis")]
+pub(crate) fn release_script() -> &'static LuaScript {
+    &LUA.refund
+}
+
 /// The concurrency limit's home (see [`Algorithm`]).
 pub(crate) struct Concurrency;
 
@@ -164,6 +207,11 @@ impl Algorithm for Concurrency {
     }
 
     #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
     fn call(
         &self,
         policy: &Policy,
@@ -171,12 +219,7 @@ impl Algorithm for Concurrency {
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
-        let scripts = &*SCRIPTS;
-        let script = if read_only {
-            &scripts.concurrency_peek
-        } else {
-            &scripts.concurrency
-        };
+        let script = LUA.decide(read_only);
         let quota = policy.quotas()[0];
         let args = Args::from_slice(&[
             now,
@@ -193,7 +236,7 @@ impl Algorithm for Concurrency {
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let id = receipt.stamps().first().copied().unwrap_or(0);
         let args = Args::from_slice(&[int(id), int(receipt.cost())]);
-        GiveBack::Release(&SCRIPTS.concurrency_release, args)
+        GiveBack::Release(&LUA.refund, args)
     }
 }
 

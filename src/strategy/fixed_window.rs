@@ -9,7 +9,11 @@ use crate::quota::Quota;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{with_slots, Shard, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
+
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, quota_ints, Args, GiveBack};
 
@@ -103,6 +107,20 @@ pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], cost: u64) 
     }
 }
 
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "fixed_window",
+        include_str!("../../lua/fixed_window.lua"),
+        Some(include_str!("../../lua/fixed_window_batch.lua")),
+        LuaScript::new(
+            "fixed_window_refund",
+            include_str!("../../lua/fixed_window_refund.lua").into(),
+        ),
+    )
+});
+
 /// The fixed window's home (see [`Algorithm`]).
 pub(crate) struct FixedWindow;
 
@@ -171,6 +189,11 @@ impl Algorithm for FixedWindow {
     }
 
     #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
     fn call(
         &self,
         policy: &Policy,
@@ -178,12 +201,7 @@ impl Algorithm for FixedWindow {
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
-        let scripts = &*SCRIPTS;
-        let script = if read_only {
-            &scripts.fixed_window_peek
-        } else {
-            &scripts.fixed_window
-        };
+        let script = LUA.decide(read_only);
         let mut args = Args::new();
         args.push(now);
         args.push(int(cost));
@@ -195,7 +213,7 @@ impl Algorithm for FixedWindow {
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let mut args = vec![receipt.cost().to_string()];
         args.extend(receipt.stamps().iter().map(u64::to_string));
-        GiveBack::Refund(&SCRIPTS.fixed_window_refund, args)
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

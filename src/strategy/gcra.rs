@@ -14,7 +14,11 @@ use crate::quota::Policy;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
+
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, stamps, Args, GiveBack};
 use std::num::NonZeroU32;
@@ -96,6 +100,20 @@ pub(crate) fn refund(tat: &mut Option<u64>, quota: &Quota, now: u64, stamp: u64,
     }
 }
 
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "gcra",
+        include_str!("../../lua/gcra.lua"),
+        Some(include_str!("../../lua/gcra_batch.lua")),
+        LuaScript::new(
+            "gcra_refund",
+            include_str!("../../lua/gcra_refund.lua").into(),
+        ),
+    )
+});
+
 /// The GCRA's home (see [`Algorithm`]).
 pub(crate) struct Gcra;
 
@@ -169,6 +187,11 @@ impl Algorithm for Gcra {
     }
 
     #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
     fn call(
         &self,
         policy: &Policy,
@@ -183,7 +206,7 @@ impl Algorithm for Gcra {
             int(interval(&policy.quotas()[0])),
             int(burst.get()),
         ]);
-        (SCRIPTS.gcra.decide(read_only), args)
+        (LUA.decide(read_only), args)
     }
 
     #[cfg(feature = "redis")]
@@ -194,7 +217,7 @@ impl Algorithm for Gcra {
             interval(&policy.quotas()[0]).to_string(),
         ];
         args.extend(stamps(receipt));
-        GiveBack::Refund(&SCRIPTS.gcra.refund, args)
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

@@ -20,7 +20,11 @@ use crate::quota::Policy;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
+
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, reply, reply::Ints, Args, GiveBack};
 use std::num::NonZeroU32;
@@ -102,6 +106,20 @@ pub(crate) fn refund(next_free: &mut Option<u64>, stamp: u64, cost: u64, interva
     }
 }
 
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "leaky_bucket",
+        include_str!("../../lua/leaky_bucket.lua"),
+        Some(include_str!("../../lua/leaky_bucket_batch.lua")),
+        LuaScript::new(
+            "leaky_bucket_refund",
+            include_str!("../../lua/leaky_bucket_refund.lua").into(),
+        ),
+    )
+});
+
 /// The leaky bucket's home (see [`Algorithm`]).
 pub(crate) struct LeakyBucket;
 
@@ -178,6 +196,11 @@ impl Algorithm for LeakyBucket {
     }
 
     #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
     fn call(
         &self,
         policy: &Policy,
@@ -186,12 +209,7 @@ impl Algorithm for LeakyBucket {
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
         let capacity = capacity_of(policy.strategy());
-        let scripts = &*SCRIPTS;
-        let script = if read_only {
-            &scripts.leaky_bucket_peek
-        } else {
-            &scripts.leaky_bucket
-        };
+        let script = LUA.decide(read_only);
         let args = Args::from_slice(&[
             now,
             int(cost),
@@ -209,7 +227,7 @@ impl Algorithm for LeakyBucket {
             interval_micros(&policy.quotas()[0]).to_string(),
             receipt.stamps().first().copied().unwrap_or(0).to_string(),
         ];
-        GiveBack::Refund(&SCRIPTS.leaky_bucket_refund, args)
+        GiveBack::Refund(&LUA.refund, args)
     }
 
     /// The reply of a shaping decision, with its delay.

@@ -22,7 +22,11 @@ use crate::quota::{Policy, Quota};
 use crate::store::keys::KeyNames;
 use crate::store::memory::Shard;
 #[cfg(feature = "redis")]
-use crate::store::redis::{reply::Ints, script::LuaScript, Args, GiveBack};
+use crate::store::redis::{
+    reply::Ints,
+    script::{LuaScript, Trio},
+    Args, GiveBack,
+};
 
 /// The longest any state may matter: a year and a day, in µs.
 pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
@@ -134,6 +138,20 @@ pub enum Strategy {
     /// admission. Build with [`Policy::concurrency`](crate::Policy::concurrency).
     Concurrency,
 }
+
+/// Every strategy's home, in the order of [`Strategy`]'s variants: what
+/// lists every script ([`RedisStore::scripts`](crate::RedisStore::scripts)).
+/// A new strategy adds a line here and an arm to [`Strategy::algorithm`].
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const ALL: [&dyn Algorithm; 7] = [
+    &fixed_window::FixedWindow,
+    &uniform_gate::UniformGate,
+    &sliding_log::SlidingLog,
+    &sliding_window::SlidingWindow,
+    &gcra::Gcra,
+    &leaky_bucket::LeakyBucket,
+    &concurrency::Concurrency,
+];
 
 impl Strategy {
     /// A short stable name, for logs, metrics and Redis keys.
@@ -257,6 +275,11 @@ pub(crate) trait Algorithm: Sync {
         now: u64,
         receipt: &Receipt,
     );
+
+    /// The strategy's scripts: its decision, its no-writes twin, its refund
+    /// or release.
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio;
 
     /// The Redis store's decision: the script to run (the no-writes twin
     /// when `read_only`) and its arguments, `now` (µs, or -1 for Redis

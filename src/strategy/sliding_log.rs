@@ -10,7 +10,8 @@
 //! requests are not logged, so a log never holds more than its limit.
 
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
 use smallvec::SmallVec;
@@ -186,6 +187,25 @@ pub(crate) fn refund(logs: &mut [Log], stamps: &[u64], cost: u64) {
     }
 }
 
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    let trio = Trio::new(
+        "sliding_log",
+        include_str!("../../lua/sliding_log.lua"),
+        Some(include_str!("../../lua/sliding_log_batch.lua")),
+        LuaScript::new(
+            "sliding_log_refund",
+            include_str!("../../lua/sliding_log_refund.lua").into(),
+        ),
+    );
+    // The request id is `ARGV[3]` of `lua/sliding_log.lua`.
+    Trio {
+        check: trio.check.taking_id_at(2),
+        ..trio
+    }
+});
+
 /// The sliding log's home (see [`Algorithm`]).
 pub(crate) struct SlidingLog;
 
@@ -287,6 +307,11 @@ impl Algorithm for SlidingLog {
     }
 
     #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
     fn call(
         &self,
         policy: &Policy,
@@ -296,14 +321,14 @@ impl Algorithm for SlidingLog {
     ) -> (&'static LuaScript, Args) {
         let mut args = Args::from_slice(&[now, int(cost), int(request_id())]);
         args.extend(quota_ints(policy));
-        (SCRIPTS.sliding_log.decide(read_only), args)
+        (LUA.decide(read_only), args)
     }
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let mut args = vec![receipt.cost().to_string()];
         args.extend(stamps(receipt));
-        GiveBack::Refund(&SCRIPTS.sliding_log.refund, args)
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

@@ -20,7 +20,11 @@ use crate::quota::Quota;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{with_slots, Shard, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
+
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
 
@@ -215,6 +219,20 @@ pub(crate) fn refund(
     }
 }
 
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "sliding_window",
+        include_str!("../../lua/sliding_window.lua"),
+        Some(include_str!("../../lua/sliding_window_batch.lua")),
+        LuaScript::new(
+            "sliding_window_refund",
+            include_str!("../../lua/sliding_window_refund.lua").into(),
+        ),
+    )
+});
+
 /// The sliding-window counter's home (see [`Algorithm`]).
 pub(crate) struct SlidingWindow;
 
@@ -285,6 +303,11 @@ impl Algorithm for SlidingWindow {
     }
 
     #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
     fn call(
         &self,
         policy: &Policy,
@@ -294,7 +317,7 @@ impl Algorithm for SlidingWindow {
     ) -> (&'static LuaScript, Args) {
         let mut args = Args::from_slice(&[now, int(cost)]);
         args.extend(quota_ints(policy));
-        (SCRIPTS.sliding_window.decide(read_only), args)
+        (LUA.decide(read_only), args)
     }
 
     #[cfg(feature = "redis")]
@@ -307,7 +330,7 @@ impl Algorithm for SlidingWindow {
                 .iter()
                 .map(|q| q.window_micros().to_string()),
         );
-        GiveBack::Refund(&SCRIPTS.sliding_window.refund, args)
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

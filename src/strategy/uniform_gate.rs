@@ -17,7 +17,11 @@ use crate::quota::Quota;
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, SCRIPTS};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
+
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, stamps, Args, GiveBack};
 
@@ -63,6 +67,20 @@ pub(crate) fn refund(reopen_at: &mut Option<u64>, stamp: u64) {
         *reopen_at = None;
     }
 }
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "uniform_gate",
+        include_str!("../../lua/uniform_gate.lua"),
+        None,
+        LuaScript::new(
+            "uniform_gate_refund",
+            include_str!("../../lua/uniform_gate_refund.lua").into(),
+        ),
+    )
+});
 
 /// The uniform gate's home (see [`Algorithm`]).
 pub(crate) struct UniformGate;
@@ -129,6 +147,11 @@ impl Algorithm for UniformGate {
     }
 
     #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
     fn call(
         &self,
         policy: &Policy,
@@ -138,13 +161,13 @@ impl Algorithm for UniformGate {
     ) -> (&'static LuaScript, Args) {
         let span = policy.quotas()[0].window_micros();
         let args = Args::from_slice(&[now, int(cost), int(span), int(MAX_SPAN_MICROS)]);
-        (SCRIPTS.uniform_gate.decide(read_only), args)
+        (LUA.decide(read_only), args)
     }
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let args = stamps(receipt).collect();
-        GiveBack::Refund(&SCRIPTS.uniform_gate.refund, args)
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 
