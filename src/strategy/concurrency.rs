@@ -8,20 +8,19 @@
 //! Entries older than the timeout belong to app servers that crashed before
 //! releasing them: they stop counting, and a writing check removes them.
 
-use super::Algorithm;
-use crate::quota::Policy;
-use crate::store::keys::KeyNames;
-use crate::store::memory::{Shard, State};
-#[cfg(feature = "redis")]
-#[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
-#[cfg(feature = "redis")]
-use crate::store::redis::{int, Args, GiveBack};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
+use super::Algorithm;
 use crate::decision::{Decision, Receipt};
+use crate::quota::Policy;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, Args, GiveBack};
 
 /// A rejection's `Retry-After` hint: slots free when responses end, which
 /// no store can foresee.

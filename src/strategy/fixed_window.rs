@@ -4,18 +4,15 @@
 
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
-use crate::quota::Policy;
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
 use crate::store::keys::KeyNames;
 use crate::store::memory::{with_slots, Shard, State};
-#[cfg(feature = "redis")]
-#[cfg(feature = "redis")]
-use std::sync::LazyLock;
-
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, quota_ints, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// One quota's window: what was spent and when the window ends (µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,25 +8,22 @@
 //! moment the bucket would be full again. A request of `cost` conforms when
 //! `max(tat, now) + cost × T − now ≤ burst × T`.
 
+use std::num::NonZeroU32;
+
 use super::fixed_window::EXPIRY_GRACE_MICROS;
+use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Strategy};
-use crate::quota::Policy;
+use crate::decision::{Decision, Receipt};
+use crate::error::ConfigError;
+use crate::quota::{Policy, Quota};
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
-#[cfg(feature = "redis")]
-#[cfg(feature = "redis")]
-use std::sync::LazyLock;
-
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, stamps, Args, GiveBack};
-use std::num::NonZeroU32;
-
-use super::MAX_SPAN_MICROS;
-use crate::decision::{Decision, Receipt};
-use crate::error::ConfigError;
-use crate::quota::Quota;
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// The emission interval: µs per unit, rounded up.
 pub(crate) fn interval(quota: &Quota) -> u64 {

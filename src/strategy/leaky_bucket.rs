@@ -13,25 +13,22 @@
 //! accepted and they leave at `now, now + T, now + 2T, ...`: never faster
 //! than the rate, across every app server sharing the store.
 
+use std::num::NonZeroU32;
+
 use super::{Algorithm, Strategy};
+use crate::decision::{Decision, Receipt};
+use crate::error::ConfigError;
 #[cfg(feature = "redis")]
 use crate::error::StoreError;
-use crate::quota::Policy;
+use crate::quota::{Policy, Quota};
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
-#[cfg(feature = "redis")]
-#[cfg(feature = "redis")]
-use std::sync::LazyLock;
-
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, reply, reply::Ints, Args, GiveBack};
-use std::num::NonZeroU32;
-
-use crate::decision::{Decision, Receipt};
-use crate::error::ConfigError;
-use crate::quota::Quota;
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// Keys live one second past the time the bucket empties (cleanup only).
 pub(crate) const EXPIRY_GRACE_MICROS: u64 = 1_000_000;

@@ -3,6 +3,14 @@
 //! Every strategy exists twice: here, run by [`MemoryStore`](crate::MemoryStore)
 //! under a lock, and as a Lua script in `lua/`, run atomically by Redis. The
 //! conformance suite in `tests/` proves the two decide alike.
+//!
+//! `<name>.rs` is everything one strategy knows: its model, its memory
+//! state's handling, its scripts and how their arguments are encoded and
+//! their replies read, its refund, its flags. The stores reach it only
+//! through [`Algorithm`], found by [`Strategy::algorithm`]. A new strategy
+//! is that file, its Lua, its conformance rows, a variant of [`Strategy`]
+//! and of the memory store's `State`, and a line in [`ALL`] and in
+//! [`Strategy::algorithm`].
 
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
@@ -31,11 +39,11 @@ use crate::store::redis::{
 /// The longest any state may matter: a year and a day, in µs.
 pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
 
-/// Which algorithm a [`Policy`](crate::Policy) uses.
+/// Which algorithm a [`Policy`] uses.
 ///
 /// Each variant documents what `X-RateLimit-Remaining` and `-Reset` mean for
 /// it, and what it costs in Redis. The constructors on
-/// [`Policy`](crate::Policy) (`fixed_window`, `uniform_gate`, `sliding_log`,
+/// [`Policy`] (`fixed_window`, `uniform_gate`, `sliding_log`,
 /// `sliding_window`, `gcra`, `leaky_bucket`, `concurrency`) are the usual way
 /// to pick one.
 ///
@@ -302,5 +310,28 @@ pub(crate) trait Algorithm: Sync {
     #[cfg(feature = "redis")]
     fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
         crate::store::redis::reply::decision(ints, cost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_strategy_once_in_the_variants_order() {
+        let one = NonZeroU32::MIN;
+        let every = [
+            Strategy::FixedWindow,
+            Strategy::UniformGate,
+            Strategy::SlidingLog,
+            Strategy::SlidingWindow,
+            Strategy::Gcra { burst: one },
+            Strategy::LeakyBucket { capacity: one },
+            Strategy::Concurrency,
+        ];
+        assert_eq!(every.len(), ALL.len());
+        for (strategy, algorithm) in every.iter().zip(ALL) {
+            assert_eq!(strategy.as_str(), algorithm.name());
+        }
     }
 }

@@ -9,27 +9,24 @@
 //! `(now - window, now]` plus its cost are at most the limit; rejected
 //! requests are not logged, so a log never holds more than its limit.
 
-#[cfg(feature = "redis")]
-#[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
-#[cfg(feature = "redis")]
-use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
-use smallvec::SmallVec;
-
-use super::fixed_window::EXPIRY_GRACE_MICROS;
-use super::{Algorithm, Strategy};
-use crate::decision::Scope;
-use crate::quota::Policy;
-use crate::store::keys::KeyNames;
-use crate::store::memory::{Shard, State};
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
-use crate::decision::{Decision, Receipt};
+use smallvec::SmallVec;
+
+use super::fixed_window::EXPIRY_GRACE_MICROS;
+use super::{Algorithm, Strategy};
+use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
 
 /// Quota index of the limit shared by every caller of the resource.
 pub(crate) const RESOURCE: usize = 0;

@@ -12,18 +12,15 @@ use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
-use crate::quota::Policy;
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
 use crate::store::keys::KeyNames;
 use crate::store::memory::{Shard, State};
-#[cfg(feature = "redis")]
-#[cfg(feature = "redis")]
-use std::sync::LazyLock;
-
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
 use crate::store::redis::{int, stamps, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// The gate takes one quota whose limit is 1: its window is the span.
 pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
