@@ -654,9 +654,10 @@ impl RedisStore {
         (script, self.inner.keys.quota_keys(policy, key), args)
     }
 
-    /// Frees a slot held until the response ended (a concurrency
-    /// limit's): batched, when the store batches, like the
-    /// decisions that take slots, so a crowd frees them at the same cost.
+    /// Frees what a pass held until its response ended (a concurrency
+    /// limit's slot) with `script` and `args`: batched, when the store
+    /// batches, like the decisions that take slots, so a crowd frees them
+    /// at the same cost.
     async fn release(
         &self,
         keys: KeyList,
