@@ -637,10 +637,11 @@ impl RateLimitLayerBuilder {
         }
         let access = self.access.validate()?;
         // The fallback starts from what the main store last said (see
-        // `Limiter::seed`); a concurrency limit's slots are given back to
-        // the store that took them, so its fallback starts empty.
+        // `Limiter::seed`); held charges (a concurrency limit's slots) are
+        // given back to the store that took them, so its fallback starts
+        // empty.
         let learned = (matches!(self.failure, FailurePolicy::Local(_))
-            && !matches!(policy.strategy(), crate::strategy::Strategy::Concurrency))
+            && !policy.strategy().holds_until_response_ends())
         .then(|| Learned::new(seed::CAPACITY));
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {

@@ -48,7 +48,8 @@ const SWEEP_EVERY_MICROS: u64 = 100_000;
 /// refunds below).
 ///
 /// Each strategy says so through `Strategy::rejection_is_stable` and
-/// `Strategy::exhaustion_is_stable`, which a new strategy must answer.
+/// `Strategy::exhaustion_is_stable`, which a new strategy must answer (they
+/// are required methods of its `Algorithm`).
 /// A cached rejection applies to requests costing at least what the rejected
 /// one cost; cheaper ones still ask the store.
 ///

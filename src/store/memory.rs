@@ -5,7 +5,6 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::fast::RandomState;
-use smallvec::SmallVec;
 
 use super::keys::KeyNames;
 use super::{BoxFuture, KeySpace, Store};
@@ -14,11 +13,10 @@ use crate::decision::{Decision, Receipt, Scope};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Policy;
-use crate::strategy::concurrency::{self, InFlight};
-use crate::strategy::fixed_window::{self, Window, EXPIRY_GRACE_MICROS};
-use crate::strategy::sliding_log::{self, Log};
-use crate::strategy::sliding_window::{self, Counter};
-use crate::strategy::{gcra, leaky_bucket, uniform_gate, Strategy};
+use crate::strategy::concurrency::InFlight;
+use crate::strategy::fixed_window::Window;
+use crate::strategy::sliding_log::Log;
+use crate::strategy::sliding_window::Counter;
 
 const SHARDS: usize = 64;
 /// How often a shard drops expired entries, in µs of its clock.
@@ -91,7 +89,9 @@ struct Entry {
     state: State,
 }
 
-/// One key's state, per strategy.
+/// One key's state: one variant per strategy, the memory store's one
+/// registration of each; the strategy's file (`strategy/<name>.rs`) reads
+/// and writes its own variant.
 #[derive(Debug, Clone)]
 pub(crate) enum State {
     Window(Window),
@@ -200,124 +200,9 @@ impl MemoryStore {
     }
 
     fn decide(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
-        let decision = self.with_shard(policy, key, |shard, keys, now| match policy.strategy() {
-            Strategy::FixedWindow => with_slots(policy.quotas().len(), |windows| {
-                for (slot, k) in windows.iter_mut().zip(keys.iter()) {
-                    if let Some(State::Window(w)) = shard.get(k, now) {
-                        *slot = Some(*w);
-                    }
-                }
-                let decision = fixed_window::check(windows, policy.quotas(), now, cost);
-                if decision.allowed && cost > 0 {
-                    for (k, w) in keys.iter().zip(windows.iter()) {
-                        if let Some(w) = *w {
-                            shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
-                        }
-                    }
-                }
-                decision
-            }),
-            Strategy::UniformGate => {
-                let quota = &policy.quotas()[0];
-                let mut gate = match shard.get(keys.first(), now) {
-                    Some(State::Gate(at)) => Some(*at),
-                    _ => None,
-                };
-                let decision = uniform_gate::check(&mut gate, quota, now, cost);
-                if let (true, Some(at)) = (decision.allowed && cost > 0, gate) {
-                    shard.put(keys.first(), State::Gate(at), at + EXPIRY_GRACE_MICROS);
-                }
-                decision
-            }
-            Strategy::SlidingLog => {
-                // Logs can be long: move them out of their entries, not
-                // copies, and back in place (a rejection allocates nothing).
-                let mut logs = SmallVec::<[Log; 2]>::new();
-                let mut expiries = SmallVec::<[Option<u64>; 2]>::new();
-                for k in keys.iter() {
-                    let (log, expires_at) = shard.take_log(k, now).unzip();
-                    logs.push(log.unwrap_or_default());
-                    expiries.push(expires_at);
-                }
-                let id = sliding_log::request_id();
-                let decision = sliding_log::check(&mut logs, policy.quotas(), now, cost, id);
-                let charged = decision.allowed && cost > 0;
-                for ((k, log), (q, expires_at)) in keys
-                    .iter()
-                    .zip(logs)
-                    .zip(policy.quotas().iter().zip(expiries))
-                {
-                    let expires_at = match (charged, log.newest()) {
-                        (true, Some(newest)) => {
-                            Some(newest + q.window_micros() + EXPIRY_GRACE_MICROS)
-                        }
-                        _ => expires_at,
-                    };
-                    match expires_at.filter(|_| !log.is_empty()) {
-                        Some(expires_at) => shard.put(k, State::Log(log), expires_at),
-                        None => shard.remove(k),
-                    }
-                }
-                decision
-            }
-            Strategy::SlidingWindow => with_slots(policy.quotas().len(), |counters| {
-                for (slot, k) in counters.iter_mut().zip(keys.iter()) {
-                    if let Some(State::Counter(c)) = shard.get(k, now) {
-                        *slot = Some(*c);
-                    }
-                }
-                let decision = sliding_window::check(counters, policy.quotas(), now, cost);
-                if decision.allowed && cost > 0 {
-                    let counters = counters.iter().copied();
-                    for ((k, c), q) in keys.iter().zip(counters).zip(policy.quotas()) {
-                        if let Some(c) = c {
-                            let expires_at = c.stale_at(q.window_micros()) + EXPIRY_GRACE_MICROS;
-                            shard.put(k, State::Counter(c), expires_at);
-                        }
-                    }
-                }
-                decision
-            }),
-            Strategy::Gcra { burst } => {
-                let mut tat = match shard.get(keys.first(), now) {
-                    Some(State::Tat(at)) => Some(*at),
-                    _ => None,
-                };
-                let decision = gcra::check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
-                if let (true, Some(at)) = (decision.allowed && cost > 0, tat) {
-                    shard.put(keys.first(), State::Tat(at), at + EXPIRY_GRACE_MICROS);
-                }
-                decision
-            }
-            Strategy::LeakyBucket { capacity } => {
-                let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
-                let mut next_free = match shard.get(keys.first(), now) {
-                    Some(State::Leaky(t)) => Some(*t),
-                    _ => None,
-                };
-                let capacity = u64::from(capacity.get());
-                let d = leaky_bucket::check(&mut next_free, capacity, interval, now, cost);
-                if let (true, Some(t)) = (d.allowed && cost > 0, next_free) {
-                    let expires = t + leaky_bucket::EXPIRY_GRACE_MICROS;
-                    shard.put(keys.first(), State::Leaky(t), expires);
-                }
-                d
-            }
-            Strategy::Concurrency => {
-                let quota = policy.quotas()[0];
-                let (limit, timeout) = (u64::from(quota.limit()), quota.window_micros());
-                let mut set = match shard.get(keys.first(), now) {
-                    Some(State::InFlight(set)) => set.clone(),
-                    _ => InFlight::default(),
-                };
-                let id = concurrency::new_id();
-                let d = concurrency::check(&mut set, limit, timeout, now, cost, id);
-                if d.allowed && cost > 0 {
-                    let expires = now + concurrency::expiry_micros(timeout);
-                    shard.put(keys.first(), State::InFlight(set), expires);
-                }
-                d
-            }
+        let algorithm = policy.strategy().algorithm();
+        let decision = self.with_shard(policy, key, |shard, keys, now| {
+            algorithm.decide(policy, shard, keys, now, cost)
         });
         let scope = policy.strategy().scope_of(decision.quota);
         decision.scoped(scope)
@@ -338,74 +223,9 @@ impl MemoryStore {
         if receipt.is_empty() {
             return;
         }
-        self.with_shard(policy, key, |shard, keys, now| match policy.strategy() {
-            Strategy::FixedWindow => {
-                for (k, stamp) in keys.iter().zip(receipt.stamps()) {
-                    if let Some(State::Window(w)) = shard.get_mut(k, now) {
-                        let mut slot = [Some(*w)];
-                        fixed_window::refund(&mut slot, &[*stamp], receipt.cost());
-                        if let Some(refunded) = slot[0] {
-                            *w = refunded;
-                        }
-                    }
-                }
-            }
-            Strategy::UniformGate => {
-                let stamp = receipt.stamps().first();
-                if let (Some(State::Gate(at)), Some(&stamp)) = (shard.get(keys.first(), now), stamp)
-                {
-                    let mut gate = Some(*at);
-                    uniform_gate::refund(&mut gate, stamp);
-                    if gate.is_none() {
-                        shard.remove(keys.first());
-                    }
-                }
-            }
-            Strategy::SlidingLog => {
-                for k in keys.iter() {
-                    if let Some(State::Log(log)) = shard.get_mut(k, now) {
-                        sliding_log::refund(
-                            std::slice::from_mut(log),
-                            receipt.stamps(),
-                            receipt.cost(),
-                        );
-                    }
-                }
-            }
-            Strategy::SlidingWindow => {
-                for ((k, q), stamp) in keys.iter().zip(policy.quotas()).zip(receipt.stamps()) {
-                    if let Some(State::Counter(c)) = shard.get_mut(k, now) {
-                        let mut slot = [Some(*c)];
-                        sliding_window::refund(&mut slot, &[*q], &[*stamp], receipt.cost());
-                        *c = slot[0].unwrap_or(*c);
-                    }
-                }
-            }
-            Strategy::Gcra { .. } => {
-                let stamp = receipt.stamps().first();
-                if let (Some(State::Tat(at)), Some(&stamp)) =
-                    (shard.get_mut(keys.first(), now), stamp)
-                {
-                    let mut tat = Some(*at);
-                    gcra::refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
-                    *at = tat.unwrap_or(*at);
-                }
-            }
-            Strategy::LeakyBucket { .. } => {
-                let interval = leaky_bucket::interval_micros(&policy.quotas()[0]);
-                if let Some(State::Leaky(t)) = shard.get_mut(keys.first(), now) {
-                    let mut next_free = Some(*t);
-                    let stamp = receipt.stamps().first().copied().unwrap_or(0);
-                    leaky_bucket::refund(&mut next_free, stamp, receipt.cost(), interval, now);
-                    *t = next_free.unwrap_or(*t);
-                }
-            }
-            Strategy::Concurrency => {
-                if let Some(State::InFlight(set)) = shard.get_mut(keys.first(), now) {
-                    let id = receipt.stamps().first().copied().unwrap_or(0);
-                    concurrency::release(set, id);
-                }
-            }
+        let algorithm = policy.strategy().algorithm();
+        self.with_shard(policy, key, |shard, keys, now| {
+            algorithm.give_back(policy, shard, keys, now, receipt)
         })
     }
 }
@@ -437,18 +257,14 @@ impl Shard {
         }
     }
 
-    /// The live log under `key`, with its expiry (µs), moved out: an empty
-    /// log stays in its place until [`put`](Self::put) or
-    /// [`remove`](Self::remove), so the key's name is not given up and
-    /// allocated again.
-    pub(crate) fn take_log(&mut self, key: &str, now: u64) -> Option<(Log, u64)> {
-        match self.entries.get_mut(key) {
-            Some(Entry {
-                expires_at,
-                state: State::Log(log),
-            }) if *expires_at > now => Some((std::mem::take(log), *expires_at)),
-            _ => None,
-        }
+    /// The live state under `key`, with its expiry (µs), to change in
+    /// place: a strategy may move its state out and leave an empty one, so
+    /// the key's name is not given up and allocated again.
+    pub(crate) fn get_mut_with_expiry(&mut self, key: &str, now: u64) -> Option<(&mut State, u64)> {
+        self.entries
+            .get_mut(key)
+            .filter(|e| e.expires_at > now)
+            .map(|e| (&mut e.state, e.expires_at))
     }
 
     pub(crate) fn remove(&mut self, key: &str) {
@@ -463,7 +279,7 @@ impl Shard {
 
 /// Runs `f` on `n` empty slots, one per quota: on the stack for every
 /// policy a layer accepts (at most 8 quotas), on the heap beyond.
-fn with_slots<T: Copy, R>(n: usize, f: impl FnOnce(&mut [Option<T>]) -> R) -> R {
+pub(crate) fn with_slots<T: Copy, R>(n: usize, f: impl FnOnce(&mut [Option<T>]) -> R) -> R {
     let mut stack = [None; 8];
     match stack.get_mut(..n) {
         Some(slots) => f(slots),

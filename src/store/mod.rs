@@ -4,8 +4,8 @@
 //! call is one script, one round trip; in memory it is the same algorithm
 //! under one lock.
 
-mod keys;
-mod memory;
+pub(crate) mod keys;
+pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 

@@ -12,7 +12,15 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
+use super::Algorithm;
 use crate::decision::{Decision, Receipt};
+use crate::quota::Policy;
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, Args, GiveBack};
 
 /// A rejection's `Retry-After` hint: slots free when responses end, which
 /// no store can foresee.
@@ -90,6 +98,145 @@ pub(crate) fn release(set: &mut InFlight, id: u64) {
 /// `PEXPIRE` takes it, by which every entry it holds is stale.
 pub(crate) fn expiry_micros(timeout: u64) -> u64 {
     timeout.div_ceil(1000) * 1000
+}
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    let batch = include_str!("../../lua/concurrency_batch.lua");
+    // Not a check, but the release batches as one, in the checks' own
+    // batch script: a crowd releases its slots as fast as it takes them,
+    // and both go out in one call. Its request id is `ARGV[1]` of
+    // `lua/concurrency_release.lua`.
+    let release = LuaScript::packed(
+        "concurrency_release",
+        include_str!("../../lua/concurrency_release.lua"),
+    )
+    .batched(LuaScript::batch_with("concurrency_batch", batch))
+    .taking_id_at(0);
+    let trio = Trio::new(
+        "concurrency",
+        include_str!("../../lua/concurrency.lua"),
+        Some(batch),
+        release,
+    );
+    // The request id is `ARGV[5]` of `lua/concurrency.lua`.
+    Trio {
+        check: trio.check.taking_id_at(4).holding(release_of),
+        ..trio
+    }
+});
+
+/// What gives back the slots a pass of `lua/concurrency.lua` took with
+/// `args`: `lua/concurrency_release.lua` with the id and cost (the check's
+/// `ARGV[5]` and `ARGV[2]`).
+#[cfg(feature = "redis")]
+fn release_of(args: &[i64]) -> Option<(&'static LuaScript, Args)> {
+    let (&cost, &id) = (args.get(1)?, args.get(4)?);
+    Some((&LUA.refund, Args::from_slice(&[id, cost])))
+}
+
+/// `lua/concurrency_release.lua`, which frees a slot.
+#[cfg(feature = "redis")]
+pub(crate) fn release_script() -> &'static LuaScript {
+    &LUA.refund
+}
+
+/// The concurrency limit's home (see [`Algorithm`]).
+pub(crate) struct Concurrency;
+
+impl Algorithm for Concurrency {
+    fn name(&self) -> &'static str {
+        "concurrency"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// A slot frees whenever a response ends.
+    fn rejection_is_stable(&self) -> bool {
+        false
+    }
+
+    /// A slot frees whenever a response ends.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn holds_until_response_ends(&self) -> bool {
+        true
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let quota = policy.quotas()[0];
+        let (limit, timeout) = (u64::from(quota.limit()), quota.window_micros());
+        let mut set = match shard.get(keys.first(), now) {
+            Some(State::InFlight(set)) => set.clone(),
+            _ => InFlight::default(),
+        };
+        let id = new_id();
+        let d = check(&mut set, limit, timeout, now, cost, id);
+        if d.allowed && cost > 0 {
+            let expires = now + expiry_micros(timeout);
+            shard.put(keys.first(), State::InFlight(set), expires);
+        }
+        d
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        if let Some(State::InFlight(set)) = shard.get_mut(keys.first(), now) {
+            let id = receipt.stamps().first().copied().unwrap_or(0);
+            release(set, id);
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let script = LUA.decide(read_only);
+        let quota = policy.quotas()[0];
+        let args = Args::from_slice(&[
+            now,
+            int(cost),
+            int(quota.limit()),
+            int(quota.window_micros()),
+            int(new_id()),
+        ]);
+        (script, args)
+    }
+
+    /// `lua/concurrency_release.lua`'s arguments: the slot's id and cost.
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let id = receipt.stamps().first().copied().unwrap_or(0);
+        let args = Args::from_slice(&[int(id), int(receipt.cost())]);
+        GiveBack::Release(&LUA.refund, args)
+    }
 }
 
 #[cfg(test)]

@@ -2,8 +2,17 @@
 //!
 //! Mirrors `lua/fixed_window.lua` line for line; change both together.
 
+use super::Algorithm;
 use crate::decision::{Decision, Receipt};
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{with_slots, Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// One quota's window: what was spent and when the window ends (µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +101,116 @@ pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], cost: u64) 
                 w.count = w.count.saturating_sub(cost);
             }
         }
+    }
+}
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "fixed_window",
+        include_str!("../../lua/fixed_window.lua"),
+        Some(include_str!("../../lua/fixed_window_batch.lua")),
+        LuaScript::new(
+            "fixed_window_refund",
+            include_str!("../../lua/fixed_window_refund.lua").into(),
+        ),
+    )
+});
+
+/// The fixed window's home (see [`Algorithm`]).
+pub(crate) struct FixedWindow;
+
+impl Algorithm for FixedWindow {
+    fn name(&self) -> &'static str {
+        "fixed_window"
+    }
+
+    fn max_quotas(&self) -> usize {
+        8
+    }
+
+    /// Nothing is spent back before reset.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// Nothing is spent back before reset.
+    fn exhaustion_is_stable(&self) -> bool {
+        true
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        with_slots(policy.quotas().len(), |windows| {
+            for (slot, k) in windows.iter_mut().zip(keys.iter()) {
+                if let Some(State::Window(w)) = shard.get(k, now) {
+                    *slot = Some(*w);
+                }
+            }
+            let decision = check(windows, policy.quotas(), now, cost);
+            if decision.allowed && cost > 0 {
+                for (k, w) in keys.iter().zip(windows.iter()) {
+                    if let Some(w) = *w {
+                        shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
+                    }
+                }
+            }
+            decision
+        })
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        for (k, stamp) in keys.iter().zip(receipt.stamps()) {
+            if let Some(State::Window(w)) = shard.get_mut(k, now) {
+                let mut slot = [Some(*w)];
+                refund(&mut slot, &[*stamp], receipt.cost());
+                if let Some(refunded) = slot[0] {
+                    *w = refunded;
+                }
+            }
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let script = LUA.decide(read_only);
+        let mut args = Args::new();
+        args.push(now);
+        args.push(int(cost));
+        args.extend(quota_ints(policy));
+        (script, args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![receipt.cost().to_string()];
+        args.extend(receipt.stamps().iter().map(u64::to_string));
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

@@ -10,10 +10,20 @@
 
 use std::num::NonZeroU32;
 
+use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
+use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, stamps, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// The emission interval: µs per unit, rounded up.
 pub(crate) fn interval(quota: &Quota) -> u64 {
@@ -84,6 +94,127 @@ pub(crate) fn refund(tat: &mut Option<u64>, quota: &Quota, now: u64, stamp: u64,
             .saturating_sub(back)
             .max(stamp.saturating_sub(back))
             .max(now);
+    }
+}
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "gcra",
+        include_str!("../../lua/gcra.lua"),
+        Some(include_str!("../../lua/gcra_batch.lua")),
+        LuaScript::new(
+            "gcra_refund",
+            include_str!("../../lua/gcra_refund.lua").into(),
+        ),
+    )
+});
+
+/// The GCRA's home (see [`Algorithm`]).
+pub(crate) struct Gcra;
+
+/// The burst of `strategy`, a GCRA.
+fn burst_of(strategy: &Strategy) -> NonZeroU32 {
+    match strategy {
+        Strategy::Gcra { burst } => *burst,
+        other => unreachable!("the GCRA called for {other:?}"),
+    }
+}
+
+impl Algorithm for Gcra {
+    fn name(&self) -> &'static str {
+        "gcra"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// The bucket refills only with time, and other requests only drain it,
+    /// so the first moment the request fits can only move later.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// `reset_at` is when the bucket is full again, but one unit frees
+    /// earlier, one emission interval later.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn validate(&self, strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        validate(quotas, burst_of(strategy))
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let burst = burst_of(policy.strategy());
+        let mut tat = match shard.get(keys.first(), now) {
+            Some(State::Tat(at)) => Some(*at),
+            _ => None,
+        };
+        let decision = check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
+        if let (true, Some(at)) = (decision.allowed && cost > 0, tat) {
+            shard.put(keys.first(), State::Tat(at), at + EXPIRY_GRACE_MICROS);
+        }
+        decision
+    }
+
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        let stamp = receipt.stamps().first();
+        if let (Some(State::Tat(at)), Some(&stamp)) = (shard.get_mut(keys.first(), now), stamp) {
+            let mut tat = Some(*at);
+            refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
+            *at = tat.unwrap_or(*at);
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let burst = burst_of(policy.strategy());
+        let args = Args::from_slice(&[
+            now,
+            int(cost),
+            int(interval(&policy.quotas()[0])),
+            int(burst.get()),
+        ]);
+        (LUA.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![
+            now.to_string(),
+            receipt.cost().to_string(),
+            interval(&policy.quotas()[0]).to_string(),
+        ];
+        args.extend(stamps(receipt));
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

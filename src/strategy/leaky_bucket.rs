@@ -15,9 +15,20 @@
 
 use std::num::NonZeroU32;
 
+use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
-use crate::quota::Quota;
+#[cfg(feature = "redis")]
+use crate::error::StoreError;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, reply, reply::Ints, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// Keys live one second past the time the bucket empties (cleanup only).
 pub(crate) const EXPIRY_GRACE_MICROS: u64 = 1_000_000;
@@ -89,6 +100,137 @@ pub(crate) fn refund(next_free: &mut Option<u64>, stamp: u64, cost: u64, interva
         if stamp > now && stamp <= *free_at {
             *free_at = free_at.saturating_sub(cost * interval).max(now);
         }
+    }
+}
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "leaky_bucket",
+        include_str!("../../lua/leaky_bucket.lua"),
+        Some(include_str!("../../lua/leaky_bucket_batch.lua")),
+        LuaScript::new(
+            "leaky_bucket_refund",
+            include_str!("../../lua/leaky_bucket_refund.lua").into(),
+        ),
+    )
+});
+
+/// The leaky bucket's home (see [`Algorithm`]).
+pub(crate) struct LeakyBucket;
+
+/// The capacity of `strategy`, a leaky bucket.
+fn capacity_of(strategy: &Strategy) -> NonZeroU32 {
+    match strategy {
+        Strategy::LeakyBucket { capacity } => *capacity,
+        other => unreachable!("the leaky bucket called for {other:?}"),
+    }
+}
+
+impl Algorithm for LeakyBucket {
+    fn name(&self) -> &'static str {
+        "leaky_bucket"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// The level only drains at the rate, and only other requests raise it.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// A place frees one interval later, long before the bucket is empty.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn validate(&self, strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        let capacity = capacity_of(strategy);
+        quotas.iter().try_for_each(|q| validate(q, capacity))
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let capacity = capacity_of(policy.strategy());
+        let interval = interval_micros(&policy.quotas()[0]);
+        let mut next_free = match shard.get(keys.first(), now) {
+            Some(State::Leaky(t)) => Some(*t),
+            _ => None,
+        };
+        let capacity = u64::from(capacity.get());
+        let d = check(&mut next_free, capacity, interval, now, cost);
+        if let (true, Some(t)) = (d.allowed && cost > 0, next_free) {
+            let expires = t + EXPIRY_GRACE_MICROS;
+            shard.put(keys.first(), State::Leaky(t), expires);
+        }
+        d
+    }
+
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        let interval = interval_micros(&policy.quotas()[0]);
+        if let Some(State::Leaky(t)) = shard.get_mut(keys.first(), now) {
+            let mut next_free = Some(*t);
+            let stamp = receipt.stamps().first().copied().unwrap_or(0);
+            refund(&mut next_free, stamp, receipt.cost(), interval, now);
+            *t = next_free.unwrap_or(*t);
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let capacity = capacity_of(policy.strategy());
+        let script = LUA.decide(read_only);
+        let args = Args::from_slice(&[
+            now,
+            int(cost),
+            int(capacity.get()),
+            int(interval_micros(&policy.quotas()[0])),
+        ]);
+        (script, args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
+        let args = vec![
+            now.to_string(),
+            receipt.cost().to_string(),
+            interval_micros(&policy.quotas()[0]).to_string(),
+            receipt.stamps().first().copied().unwrap_or(0).to_string(),
+        ];
+        GiveBack::Refund(&LUA.refund, args)
+    }
+
+    /// The reply of a shaping decision, with its delay.
+    #[cfg(feature = "redis")]
+    fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
+        reply::shaped(ints, cost)
     }
 }
 

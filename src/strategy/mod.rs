@@ -3,6 +3,14 @@
 //! Every strategy exists twice: here, run by [`MemoryStore`](crate::MemoryStore)
 //! under a lock, and as a Lua script in `lua/`, run atomically by Redis. The
 //! conformance suite in `tests/` proves the two decide alike.
+//!
+//! `<name>.rs` is everything one strategy knows: its model, its memory
+//! state's handling, its scripts and how their arguments are encoded and
+//! their replies read, its refund, its flags. The stores reach it only
+//! through [`Algorithm`], found by [`Strategy::algorithm`]. A new strategy
+//! is that file, its Lua, its conformance rows, a variant of [`Strategy`]
+//! and of the memory store's `State`, and a line in [`ALL`] and in
+//! [`Strategy::algorithm`].
 
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
@@ -14,18 +22,28 @@ pub(crate) mod uniform_gate;
 
 use std::num::NonZeroU32;
 
-use crate::decision::Scope;
+use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
-use crate::quota::Quota;
+#[cfg(feature = "redis")]
+use crate::error::StoreError;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::Shard;
+#[cfg(feature = "redis")]
+use crate::store::redis::{
+    reply::Ints,
+    script::{LuaScript, Trio},
+    Args, GiveBack,
+};
 
 /// The longest any state may matter: a year and a day, in µs.
 pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
 
-/// Which algorithm a [`Policy`](crate::Policy) uses.
+/// Which algorithm a [`Policy`] uses.
 ///
 /// Each variant documents what `X-RateLimit-Remaining` and `-Reset` mean for
 /// it, and what it costs in Redis. The constructors on
-/// [`Policy`](crate::Policy) (`fixed_window`, `uniform_gate`, `sliding_log`,
+/// [`Policy`] (`fixed_window`, `uniform_gate`, `sliding_log`,
 /// `sliding_window`, `gcra`, `leaky_bucket`, `concurrency`) are the usual way
 /// to pick one.
 ///
@@ -129,95 +147,191 @@ pub enum Strategy {
     Concurrency,
 }
 
+/// Every strategy's home, in the order of [`Strategy`]'s variants: what
+/// lists every script ([`RedisStore::scripts`](crate::RedisStore::scripts)).
+/// A new strategy adds a line here and an arm to [`Strategy::algorithm`].
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const ALL: [&dyn Algorithm; 7] = [
+    &fixed_window::FixedWindow,
+    &uniform_gate::UniformGate,
+    &sliding_log::SlidingLog,
+    &sliding_window::SlidingWindow,
+    &gcra::Gcra,
+    &leaky_bucket::LeakyBucket,
+    &concurrency::Concurrency,
+];
+
 impl Strategy {
     /// A short stable name, for logs, metrics and Redis keys.
     pub fn as_str(&self) -> &'static str {
+        self.algorithm().name()
+    }
+
+    /// The one home of this strategy, which the stores call: the one
+    /// registration of each strategy. A call through it is one indirect
+    /// call, where a `match` was a jump table.
+    pub(crate) fn algorithm(&self) -> &'static dyn Algorithm {
         match self {
-            Strategy::FixedWindow => "fixed_window",
-            Strategy::UniformGate => "uniform_gate",
-            Strategy::SlidingLog => "sliding_log",
-            Strategy::SlidingWindow => "sliding_window",
-            Strategy::Gcra { .. } => "gcra",
-            Strategy::LeakyBucket { .. } => "leaky_bucket",
-            Strategy::Concurrency => "concurrency",
+            Strategy::FixedWindow => &fixed_window::FixedWindow,
+            Strategy::UniformGate => &uniform_gate::UniformGate,
+            Strategy::SlidingLog => &sliding_log::SlidingLog,
+            Strategy::SlidingWindow => &sliding_window::SlidingWindow,
+            Strategy::Gcra { .. } => &gcra::Gcra,
+            Strategy::LeakyBucket { .. } => &leaky_bucket::LeakyBucket,
+            Strategy::Concurrency => &concurrency::Concurrency,
         }
     }
 
     /// How many quotas one decision of this strategy can check at once.
     pub(crate) fn max_quotas(&self) -> usize {
-        match self {
-            Strategy::FixedWindow => 8,
-            Strategy::UniformGate => 1,
-            Strategy::SlidingLog => 2,
-            Strategy::SlidingWindow => 8,
-            Strategy::Gcra { .. } => 1,
-            Strategy::LeakyBucket { .. } | Strategy::Concurrency => 1,
-        }
+        self.algorithm().max_quotas()
     }
 
     /// Whose budget quota `i` is.
     pub(crate) fn scope_of(&self, quota: usize) -> Scope {
-        match self {
-            Strategy::SlidingLog if quota == sliding_log::RESOURCE => Scope::Resource,
-            _ => Scope::Consumer,
-        }
+        self.algorithm().scope_of(quota)
     }
 
     /// Whether some quota is shared by every caller: then all keys of the
     /// policy share one hash tag (one Redis Cluster slot, one memory shard).
     pub(crate) fn has_resource_quota(&self) -> bool {
-        matches!(self, Strategy::SlidingLog)
+        self.algorithm().has_resource_quota()
     }
 
-    /// Whether a rejection stays true until its `retry_after` for requests
-    /// costing at least as much, whatever else happens to the key (refunds
-    /// aside), so the layer's local cache may repeat it without the store.
-    /// Fixed window: nothing is spent back before reset. Leaky bucket: the
-    /// level only drains at the rate, and only other requests raise it.
-    /// Concurrency: no, a slot frees whenever a response ends. Uniform gate:
-    /// only time reopens it. Sliding log, sliding window, GCRA: entries leave,
-    /// the previous window decays and the bucket refills only with time, and
-    /// other requests only add to them, so the first moment the request fits
-    /// can only move later.
+    /// See [`Algorithm::rejection_is_stable`].
     pub(crate) fn rejection_is_stable(&self) -> bool {
-        match self {
-            Strategy::FixedWindow | Strategy::LeakyBucket { .. } => true,
-            Strategy::UniformGate | Strategy::SlidingLog => true,
-            Strategy::SlidingWindow | Strategy::Gcra { .. } => true,
-            Strategy::Concurrency => false,
-        }
+        self.algorithm().rejection_is_stable()
     }
 
-    /// Whether a pass with nothing left means every request is rejected
-    /// until `reset_at`. Fixed window: yes. Uniform gate: yes, it reopens at
-    /// `reset_at`. Leaky bucket: no, a place frees one interval later, long
-    /// before the bucket is empty. Concurrency: no. Sliding log, sliding
-    /// window, GCRA: no, `reset_at` is when the limit is whole again, but one
-    /// unit frees earlier (the oldest entry leaves, the previous window
-    /// decays, one emission interval passes).
+    /// See [`Algorithm::exhaustion_is_stable`].
     pub(crate) fn exhaustion_is_stable(&self) -> bool {
-        match self {
-            Strategy::FixedWindow | Strategy::UniformGate => true,
-            Strategy::LeakyBucket { .. } | Strategy::Concurrency => false,
-            Strategy::SlidingLog | Strategy::SlidingWindow | Strategy::Gcra { .. } => false,
-        }
+        self.algorithm().exhaustion_is_stable()
     }
 
     /// Whether a pass holds its charge until the response ends (and gives it
     /// back then), rather than spending it.
     pub(crate) fn holds_until_response_ends(&self) -> bool {
-        matches!(self, Strategy::Concurrency)
+        self.algorithm().holds_until_response_ends()
     }
 
     pub(crate) fn validate(&self, quotas: &[Quota]) -> Result<(), ConfigError> {
-        match self {
-            Strategy::FixedWindow | Strategy::SlidingWindow | Strategy::Concurrency => Ok(()),
-            Strategy::UniformGate => uniform_gate::validate(quotas),
-            Strategy::SlidingLog => sliding_log::validate(quotas),
-            Strategy::Gcra { burst } => gcra::validate(quotas, *burst),
-            Strategy::LeakyBucket { capacity } => quotas
-                .iter()
-                .try_for_each(|q| leaky_bucket::validate(q, *capacity)),
+        self.algorithm().validate(self, quotas)
+    }
+}
+
+/// Everything the rest of the crate asks of one strategy, answered in the
+/// strategy's own file: its flags, its memory state, its Redis calls.
+/// Each strategy is a unit struct; a strategy with parameters reads them
+/// from the [`Strategy`] it is given.
+pub(crate) trait Algorithm: Sync {
+    /// See [`Strategy::as_str`].
+    fn name(&self) -> &'static str;
+
+    /// How many quotas one decision of this strategy can check at once.
+    fn max_quotas(&self) -> usize;
+
+    /// Whose budget quota `i` is.
+    fn scope_of(&self, _quota: usize) -> Scope {
+        Scope::Consumer
+    }
+
+    /// Whether some quota is shared by every caller: then all keys of the
+    /// policy share one hash tag (one Redis Cluster slot, one memory shard).
+    fn has_resource_quota(&self) -> bool {
+        false
+    }
+
+    /// Whether a rejection stays true until its `retry_after` for requests
+    /// costing at least as much, whatever else happens to the key (refunds
+    /// aside), so the layer's local cache may repeat it without the store.
+    fn rejection_is_stable(&self) -> bool;
+
+    /// Whether a pass with nothing left means every request is rejected
+    /// until `reset_at`.
+    fn exhaustion_is_stable(&self) -> bool;
+
+    /// Whether a pass holds its charge until the response ends (and gives it
+    /// back then), rather than spending it.
+    fn holds_until_response_ends(&self) -> bool {
+        false
+    }
+
+    /// Whether `quotas` suit `strategy` (this strategy, with its parameters).
+    fn validate(&self, _strategy: &Strategy, _quotas: &[Quota]) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// The memory store's decision, under the lock of `shard`, which holds
+    /// the decision's keys (named `keys`, one per quota): this strategy's
+    /// [`State`](crate::store::memory::State) read, checked by the model
+    /// and written back with its expiry.
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision;
+
+    /// The memory store's refund of `receipt`, under the lock of `shard`.
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    );
+
+    /// The strategy's scripts: its decision, its no-writes twin, its refund
+    /// or release.
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio;
+
+    /// The Redis store's decision: the script to run (the no-writes twin
+    /// when `read_only`) and its arguments, `now` (µs, or -1 for Redis
+    /// `TIME`) and `cost` first. The keys are the policy's quota keys.
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args);
+
+    /// The Redis store's refund of `receipt`, at `now` (µs, or -1 for Redis
+    /// `TIME`), on the policy's quota keys.
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack;
+
+    /// What a decision script's reply `ints` means.
+    #[cfg(feature = "redis")]
+    fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
+        crate::store::redis::reply::decision(ints, cost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_strategy_once_in_the_variants_order() {
+        let one = NonZeroU32::MIN;
+        let every = [
+            Strategy::FixedWindow,
+            Strategy::UniformGate,
+            Strategy::SlidingLog,
+            Strategy::SlidingWindow,
+            Strategy::Gcra { burst: one },
+            Strategy::LeakyBucket { capacity: one },
+            Strategy::Concurrency,
+        ];
+        assert_eq!(every.len(), ALL.len());
+        for (strategy, algorithm) in every.iter().zip(ALL) {
+            assert_eq!(strategy.as_str(), algorithm.name());
         }
     }
 }

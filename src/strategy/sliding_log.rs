@@ -14,9 +14,19 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
-use crate::decision::{Decision, Receipt};
+use smallvec::SmallVec;
+
+use super::fixed_window::EXPIRY_GRACE_MICROS;
+use super::{Algorithm, Strategy};
+use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
 
 /// Quota index of the limit shared by every caller of the resource.
 pub(crate) const RESOURCE: usize = 0;
@@ -171,6 +181,151 @@ pub(crate) fn refund(logs: &mut [Log], stamps: &[u64], cost: u64) {
         for log in logs {
             log.remove(at, id, cost);
         }
+    }
+}
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    let trio = Trio::new(
+        "sliding_log",
+        include_str!("../../lua/sliding_log.lua"),
+        Some(include_str!("../../lua/sliding_log_batch.lua")),
+        LuaScript::new(
+            "sliding_log_refund",
+            include_str!("../../lua/sliding_log_refund.lua").into(),
+        ),
+    );
+    // The request id is `ARGV[3]` of `lua/sliding_log.lua`.
+    Trio {
+        check: trio.check.taking_id_at(2),
+        ..trio
+    }
+});
+
+/// The sliding log's home (see [`Algorithm`]).
+pub(crate) struct SlidingLog;
+
+impl Algorithm for SlidingLog {
+    fn name(&self) -> &'static str {
+        "sliding_log"
+    }
+
+    fn max_quotas(&self) -> usize {
+        2
+    }
+
+    fn scope_of(&self, quota: usize) -> Scope {
+        if quota == RESOURCE {
+            Scope::Resource
+        } else {
+            Scope::Consumer
+        }
+    }
+
+    fn has_resource_quota(&self) -> bool {
+        true
+    }
+
+    /// Entries leave only with time, and other requests only add to them, so
+    /// the first moment the request fits can only move later.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// `reset_at` is when the limit is whole again, but one unit frees
+    /// earlier, when the oldest entry leaves.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        validate(quotas)
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        // Logs can be long: move them out of their entries, not
+        // copies, and back in place (a rejection allocates nothing).
+        let mut logs = SmallVec::<[Log; 2]>::new();
+        let mut expiries = SmallVec::<[Option<u64>; 2]>::new();
+        for k in keys.iter() {
+            // The live log with its expiry, moved out: an empty log stays
+            // in its place until `put` or `remove`, so the key's name is not
+            // given up and allocated again.
+            let (log, expires_at) = match shard.get_mut_with_expiry(k, now) {
+                Some((State::Log(log), expires_at)) => {
+                    (Some(std::mem::take(log)), Some(expires_at))
+                }
+                _ => (None, None),
+            };
+            logs.push(log.unwrap_or_default());
+            expiries.push(expires_at);
+        }
+        let id = request_id();
+        let decision = check(&mut logs, policy.quotas(), now, cost, id);
+        let charged = decision.allowed && cost > 0;
+        for ((k, log), (q, expires_at)) in keys
+            .iter()
+            .zip(logs)
+            .zip(policy.quotas().iter().zip(expiries))
+        {
+            let expires_at = match (charged, log.newest()) {
+                (true, Some(newest)) => Some(newest + q.window_micros() + EXPIRY_GRACE_MICROS),
+                _ => expires_at,
+            };
+            match expires_at.filter(|_| !log.is_empty()) {
+                Some(expires_at) => shard.put(k, State::Log(log), expires_at),
+                None => shard.remove(k),
+            }
+        }
+        decision
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        for k in keys.iter() {
+            if let Some(State::Log(log)) = shard.get_mut(k, now) {
+                refund(std::slice::from_mut(log), receipt.stamps(), receipt.cost());
+            }
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let mut args = Args::from_slice(&[now, int(cost), int(request_id())]);
+        args.extend(quota_ints(policy));
+        (LUA.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![receipt.cost().to_string()];
+        args.extend(stamps(receipt));
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

@@ -12,8 +12,18 @@
 //! step, computed by the same IEEE-754 operations in Rust and in Lua, so both
 //! stores decide identically.
 
+use super::fixed_window::EXPIRY_GRACE_MICROS;
+use super::Algorithm;
 use crate::decision::{Decision, Receipt};
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{with_slots, Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// One quota's stored counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +213,121 @@ pub(crate) fn refund(
                 c.prev -= cost.min(c.prev);
             }
         }
+    }
+}
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "sliding_window",
+        include_str!("../../lua/sliding_window.lua"),
+        Some(include_str!("../../lua/sliding_window_batch.lua")),
+        LuaScript::new(
+            "sliding_window_refund",
+            include_str!("../../lua/sliding_window_refund.lua").into(),
+        ),
+    )
+});
+
+/// The sliding-window counter's home (see [`Algorithm`]).
+pub(crate) struct SlidingWindow;
+
+impl Algorithm for SlidingWindow {
+    fn name(&self) -> &'static str {
+        "sliding_window"
+    }
+
+    fn max_quotas(&self) -> usize {
+        8
+    }
+
+    /// The previous window decays only with time, and other requests only
+    /// add, so the first moment the request fits can only move later.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// `reset_at` is when the limit is whole again, but one unit frees
+    /// earlier, as the previous window decays.
+    fn exhaustion_is_stable(&self) -> bool {
+        false
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        with_slots(policy.quotas().len(), |counters| {
+            for (slot, k) in counters.iter_mut().zip(keys.iter()) {
+                if let Some(State::Counter(c)) = shard.get(k, now) {
+                    *slot = Some(*c);
+                }
+            }
+            let decision = check(counters, policy.quotas(), now, cost);
+            if decision.allowed && cost > 0 {
+                let counters = counters.iter().copied();
+                for ((k, c), q) in keys.iter().zip(counters).zip(policy.quotas()) {
+                    if let Some(c) = c {
+                        let expires_at = c.stale_at(q.window_micros()) + EXPIRY_GRACE_MICROS;
+                        shard.put(k, State::Counter(c), expires_at);
+                    }
+                }
+            }
+            decision
+        })
+    }
+
+    fn give_back(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        for ((k, q), stamp) in keys.iter().zip(policy.quotas()).zip(receipt.stamps()) {
+            if let Some(State::Counter(c)) = shard.get_mut(k, now) {
+                let mut slot = [Some(*c)];
+                refund(&mut slot, &[*q], &[*stamp], receipt.cost());
+                *c = slot[0].unwrap_or(*c);
+            }
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let mut args = Args::from_slice(&[now, int(cost)]);
+        args.extend(quota_ints(policy));
+        (LUA.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![receipt.cost().to_string()];
+        args.extend(stamps(receipt));
+        args.extend(
+            policy
+                .quotas()
+                .iter()
+                .map(|q| q.window_micros().to_string()),
+        );
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

@@ -7,10 +7,20 @@
 //! second early, and check then set in two round trips; here the stored time
 //! decides, to the microsecond, and check-and-set is one atomic step.
 
+use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
+use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
-use crate::quota::Quota;
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, stamps, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
 
 /// The gate takes one quota whose limit is 1: its window is the span.
 pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
@@ -52,6 +62,109 @@ pub(crate) fn check(reopen_at: &mut Option<u64>, quota: &Quota, now: u64, cost: 
 pub(crate) fn refund(reopen_at: &mut Option<u64>, stamp: u64) {
     if *reopen_at == Some(stamp) {
         *reopen_at = None;
+    }
+}
+
+/// This strategy's scripts, built once.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "uniform_gate",
+        include_str!("../../lua/uniform_gate.lua"),
+        None,
+        LuaScript::new(
+            "uniform_gate_refund",
+            include_str!("../../lua/uniform_gate_refund.lua").into(),
+        ),
+    )
+});
+
+/// The uniform gate's home (see [`Algorithm`]).
+pub(crate) struct UniformGate;
+
+impl Algorithm for UniformGate {
+    fn name(&self) -> &'static str {
+        "uniform_gate"
+    }
+
+    fn max_quotas(&self) -> usize {
+        1
+    }
+
+    /// Only time reopens it.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// It reopens at `reset_at`.
+    fn exhaustion_is_stable(&self) -> bool {
+        true
+    }
+
+    fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
+        validate(quotas)
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let quota = &policy.quotas()[0];
+        let mut gate = match shard.get(keys.first(), now) {
+            Some(State::Gate(at)) => Some(*at),
+            _ => None,
+        };
+        let decision = check(&mut gate, quota, now, cost);
+        if let (true, Some(at)) = (decision.allowed && cost > 0, gate) {
+            shard.put(keys.first(), State::Gate(at), at + EXPIRY_GRACE_MICROS);
+        }
+        decision
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        let stamp = receipt.stamps().first();
+        if let (Some(State::Gate(at)), Some(&stamp)) = (shard.get(keys.first(), now), stamp) {
+            let mut gate = Some(*at);
+            refund(&mut gate, stamp);
+            if gate.is_none() {
+                shard.remove(keys.first());
+            }
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let span = policy.quotas()[0].window_micros();
+        let args = Args::from_slice(&[now, int(cost), int(span), int(MAX_SPAN_MICROS)]);
+        (LUA.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let args = stamps(receipt).collect();
+        GiveBack::Refund(&LUA.refund, args)
     }
 }
 

@@ -42,7 +42,6 @@ use crate::decision::{Decision, Receipt, Scope};
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
 use crate::quota::Policy;
-use crate::strategy::{concurrency, gcra, leaky_bucket, sliding_log, Strategy, MAX_SPAN_MICROS};
 
 /// Keeps limits in Redis, shared by every app server that uses the same Redis.
 ///
@@ -568,12 +567,8 @@ impl RedisStore {
     }
 
     /// `now` for the scripts: the store's clock, or -1 for Redis `TIME`.
-    fn now_arg(&self) -> String {
-        self.now_int().to_string()
-    }
-
-    /// [`now_arg`](Self::now_arg) as an integer: decision arguments are all
-    /// integers, sent without a string of their own each.
+    /// Decision arguments are all integers, sent without a string of their
+    /// own each.
     fn now_int(&self) -> i64 {
         match &self.inner.clock {
             Some(clock) => int(clock.now_micros()),
@@ -636,10 +631,7 @@ impl RedisStore {
         if let Some(&now) = reply.get(now_at) {
             self.inner.offset.observe(now);
         }
-        let decision = match policy.strategy() {
-            Strategy::LeakyBucket { .. } => reply::shaped(reply, cost),
-            _ => reply::decision(reply, cost),
-        }?;
+        let decision = policy.strategy().algorithm().reply(reply, cost)?;
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))
     }
@@ -657,88 +649,21 @@ impl RedisStore {
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, KeyList, Args) {
-        let scripts = &*SCRIPTS;
-        match policy.strategy() {
-            Strategy::FixedWindow => {
-                let script = if read_only {
-                    &scripts.fixed_window_peek
-                } else {
-                    &scripts.fixed_window
-                };
-                let mut args = Args::new();
-                args.push(self.now_int());
-                args.push(int(cost));
-                args.extend(quota_ints(policy));
-                (script, self.inner.keys.quota_keys(policy, key), args)
-            }
-            Strategy::UniformGate => {
-                let span = policy.quotas()[0].window_micros();
-                let args =
-                    Args::from_slice(&[self.now_int(), int(cost), int(span), int(MAX_SPAN_MICROS)]);
-                let keys = self.inner.keys.quota_keys(policy, key);
-                (scripts.uniform_gate.decide(read_only), keys, args)
-            }
-            Strategy::SlidingLog => {
-                let mut args =
-                    Args::from_slice(&[self.now_int(), int(cost), int(sliding_log::request_id())]);
-                args.extend(quota_ints(policy));
-                let keys = self.inner.keys.quota_keys(policy, key);
-                (scripts.sliding_log.decide(read_only), keys, args)
-            }
-            Strategy::SlidingWindow => {
-                let mut args = Args::from_slice(&[self.now_int(), int(cost)]);
-                args.extend(quota_ints(policy));
-                let keys = self.inner.keys.quota_keys(policy, key);
-                (scripts.sliding_window.decide(read_only), keys, args)
-            }
-            Strategy::Gcra { burst } => {
-                let args = Args::from_slice(&[
-                    self.now_int(),
-                    int(cost),
-                    int(gcra::interval(&policy.quotas()[0])),
-                    int(burst.get()),
-                ]);
-                let keys = self.inner.keys.quota_keys(policy, key);
-                (scripts.gcra.decide(read_only), keys, args)
-            }
-            Strategy::LeakyBucket { capacity } => {
-                let script = if read_only {
-                    &scripts.leaky_bucket_peek
-                } else {
-                    &scripts.leaky_bucket
-                };
-                let args = Args::from_slice(&[
-                    self.now_int(),
-                    int(cost),
-                    int(capacity.get()),
-                    int(leaky_bucket::interval_micros(&policy.quotas()[0])),
-                ]);
-                (script, self.inner.keys.quota_keys(policy, key), args)
-            }
-            Strategy::Concurrency => {
-                let script = if read_only {
-                    &scripts.concurrency_peek
-                } else {
-                    &scripts.concurrency
-                };
-                let quota = policy.quotas()[0];
-                let args = Args::from_slice(&[
-                    self.now_int(),
-                    int(cost),
-                    int(quota.limit()),
-                    int(quota.window_micros()),
-                    int(concurrency::new_id()),
-                ]);
-                (script, self.inner.keys.quota_keys(policy, key), args)
-            }
-        }
+        let algorithm = policy.strategy().algorithm();
+        let (script, args) = algorithm.call(policy, self.now_int(), cost, read_only);
+        (script, self.inner.keys.quota_keys(policy, key), args)
     }
 
-    /// Frees a concurrency slot: batched, when the store batches, like the
-    /// decisions that take slots, so a crowd frees them at the same cost.
-    async fn release(&self, keys: KeyList, receipt: &Receipt) -> Result<(), StoreError> {
-        let script = &SCRIPTS.concurrency_release;
-        let args = release_args(receipt);
+    /// Frees what a pass held until its response ended (a concurrency
+    /// limit's slot) with `script` and `args`: batched, when the store
+    /// batches, like the decisions that take slots, so a crowd frees them
+    /// at the same cost.
+    async fn release(
+        &self,
+        keys: KeyList,
+        script: &'static LuaScript,
+        args: Args,
+    ) -> Result<(), StoreError> {
         match self.batcher_for(&keys) {
             Some(batcher) => {
                 batcher.give_back(script, keys, args).await?;
@@ -787,58 +712,11 @@ impl RedisStore {
         if receipt.is_empty() {
             return Ok(());
         }
-        let scripts = &*SCRIPTS;
         let keys = self.inner.keys.quota_keys(policy, key);
-        let (script, keys, args) = match policy.strategy() {
-            Strategy::FixedWindow => {
-                let mut args = vec![receipt.cost().to_string()];
-                args.extend(receipt.stamps().iter().map(u64::to_string));
-                (
-                    &scripts.fixed_window_refund,
-                    self.inner.keys.quota_keys(policy, key),
-                    args,
-                )
-            }
-            Strategy::UniformGate => {
-                let args = stamps(receipt).collect();
-                (&scripts.uniform_gate.refund, keys, args)
-            }
-            Strategy::SlidingLog => {
-                let mut args = vec![receipt.cost().to_string()];
-                args.extend(stamps(receipt));
-                (&scripts.sliding_log.refund, keys, args)
-            }
-            Strategy::SlidingWindow => {
-                let mut args = vec![receipt.cost().to_string()];
-                args.extend(stamps(receipt));
-                args.extend(
-                    policy
-                        .quotas()
-                        .iter()
-                        .map(|q| q.window_micros().to_string()),
-                );
-                (&scripts.sliding_window.refund, keys, args)
-            }
-            Strategy::Gcra { .. } => {
-                let mut args = vec![
-                    self.now_arg(),
-                    receipt.cost().to_string(),
-                    gcra::interval(&policy.quotas()[0]).to_string(),
-                ];
-                args.extend(stamps(receipt));
-                (&scripts.gcra.refund, keys, args)
-            }
-            Strategy::LeakyBucket { .. } => {
-                let args = vec![
-                    self.now_arg(),
-                    receipt.cost().to_string(),
-                    leaky_bucket::interval_micros(&policy.quotas()[0]).to_string(),
-                    receipt.stamps().first().copied().unwrap_or(0).to_string(),
-                ];
-                let keys = self.inner.keys.quota_keys(policy, key);
-                (&scripts.leaky_bucket_refund, keys, args)
-            }
-            Strategy::Concurrency => return self.release(keys, receipt).await,
+        let algorithm = policy.strategy().algorithm();
+        let (script, args) = match algorithm.give_back_call(policy, self.now_int(), receipt) {
+            GiveBack::Release(script, args) => return self.release(keys, script, args).await,
+            GiveBack::Refund(script, args) => (script, args),
         };
         self.inner
             .conn
@@ -849,10 +727,13 @@ impl RedisStore {
     }
 }
 
-/// `lua/concurrency_release.lua`'s arguments: the slot's id and cost.
-fn release_args(receipt: &Receipt) -> Args {
-    let id = receipt.stamps().first().copied().unwrap_or(0);
-    Args::from_slice(&[int(id), int(receipt.cost())])
+/// How a strategy gives a receipt back in Redis.
+pub(crate) enum GiveBack {
+    /// A refund script and its arguments, sent alone.
+    Refund(&'static LuaScript, Vec<String>),
+    /// The release of what a pass held until its response ended: batched,
+    /// like the decisions that took it.
+    Release(&'static LuaScript, Args),
 }
 
 /// A decision script's arguments, all integers: inline for every one-quota
@@ -860,7 +741,7 @@ fn release_args(receipt: &Receipt) -> Args {
 pub(crate) type Args = smallvec::SmallVec<[i64; 8]>;
 
 /// Each quota's limit and window (µs), as integer script arguments.
-fn quota_ints(policy: &Policy) -> impl Iterator<Item = i64> + '_ {
+pub(crate) fn quota_ints(policy: &Policy) -> impl Iterator<Item = i64> + '_ {
     policy
         .quotas()
         .iter()
@@ -869,12 +750,12 @@ fn quota_ints(policy: &Policy) -> impl Iterator<Item = i64> + '_ {
 
 /// `x` as a script argument: Lua numbers are doubles, so anything near
 /// `i64::MAX` is already far past what a script can tell apart.
-fn int(x: impl TryInto<i64>) -> i64 {
+pub(crate) fn int(x: impl TryInto<i64>) -> i64 {
     x.try_into().unwrap_or(i64::MAX)
 }
 
 /// A receipt's stamps, as script arguments.
-fn stamps(receipt: &Receipt) -> impl Iterator<Item = String> + '_ {
+pub(crate) fn stamps(receipt: &Receipt) -> impl Iterator<Item = String> + '_ {
     receipt.stamps().iter().map(u64::to_string)
 }
 
@@ -949,9 +830,14 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         // A slot's release, on every request of a concurrency limit, boxes
         // only its own future.
-        if matches!(policy.strategy(), Strategy::Concurrency) && !receipt.is_empty() {
-            let keys = self.inner.keys.quota_keys(policy, key);
-            return Box::pin(self.release(keys, receipt));
+        let algorithm = policy.strategy().algorithm();
+        if algorithm.holds_until_response_ends() && !receipt.is_empty() {
+            if let GiveBack::Release(script, args) =
+                algorithm.give_back_call(policy, self.now_int(), receipt)
+            {
+                let keys = self.inner.keys.quota_keys(policy, key);
+                return Box::pin(self.release(keys, script, args));
+            }
         }
         Box::pin(self.give_back(policy, key, receipt))
     }
@@ -968,18 +854,23 @@ impl Store for RedisStore {
         key: &Key,
         receipt: &Receipt,
     ) -> Option<Result<(), StoreError>> {
-        if !matches!(policy.strategy(), Strategy::Concurrency) || receipt.is_empty() {
+        let algorithm = policy.strategy().algorithm();
+        if !algorithm.holds_until_response_ends() || receipt.is_empty() {
             return None;
         }
         // With a slot free (low load) the caller sends it: build nothing.
         if !self.inner.batchers.any_busy() {
             return None;
         }
+        let GiveBack::Release(script, args) =
+            algorithm.give_back_call(policy, self.now_int(), receipt)
+        else {
+            return None;
+        };
         let keys = self.inner.keys.quota_keys(policy, key);
         let batcher = self.batcher_for(&keys)?;
-        let script = &SCRIPTS.concurrency_release;
         batcher
-            .queue_give_back(script, keys, release_args(receipt))
+            .queue_give_back(script, keys, args)
             .then_some(Ok(()))
     }
 }

@@ -60,7 +60,19 @@ pub(crate) struct LuaScript {
     /// A read-only script's twin without the `no-writes` flag, for servers
     /// before Redis 7.0, which know no script flags.
     plain: Option<Box<LuaScript>>,
+    /// The batch wrapper of a writing script that batches.
+    batch: Option<Box<LuaScript>>,
+    /// Where the script takes its request id among its arguments, if it
+    /// takes one.
+    id_at: Option<usize>,
+    /// For a script whose pass holds something until given back: the
+    /// script that gives it back, and its arguments, from the script's.
+    give_back: Option<GiveBackOf>,
 }
+
+/// The give-back of what a pass of a script held, from the script's
+/// arguments: the releasing script and its arguments.
+pub(crate) type GiveBackOf = fn(&[i64]) -> Option<(&'static LuaScript, super::Args)>;
 
 impl LuaScript {
     pub(crate) fn new(name: &'static str, source: String) -> Self {
@@ -70,6 +82,36 @@ impl LuaScript {
             source,
             sha,
             plain: None,
+            batch: None,
+            id_at: None,
+            give_back: None,
+        }
+    }
+
+    /// This script, sent in batches by `batch` (see [`batch_of`](Self::batch_of)
+    /// and [`batch_with`](Self::batch_with)).
+    pub(crate) fn batched(self, batch: LuaScript) -> Self {
+        Self {
+            batch: Some(Box::new(batch)),
+            ..self
+        }
+    }
+
+    /// This script, which takes its request id as its argument `at`
+    /// (0-based: `ARGV[at + 1]`).
+    pub(crate) fn taking_id_at(self, at: usize) -> Self {
+        Self {
+            id_at: Some(at),
+            ..self
+        }
+    }
+
+    /// This script, whose pass holds something until `give_back` says how
+    /// to give it back.
+    pub(crate) fn holding(self, give_back: GiveBackOf) -> Self {
+        Self {
+            give_back: Some(give_back),
+            ..self
         }
     }
 
@@ -265,60 +307,33 @@ fn timed(source: &str) -> String {
     as_function("decide", source) + include_str!("../../../lua/timed.lua")
 }
 
-/// Every script this crate runs.
+/// The scripts every strategy shares; each strategy's own are in its file
+/// (`strategy/<name>.rs`), as a [`Trio`].
 #[derive(Debug)]
 pub(crate) struct Scripts {
-    pub(crate) fixed_window: LuaScript,
-    pub(crate) fixed_window_peek: LuaScript,
-    pub(crate) fixed_window_refund: LuaScript,
-    pub(crate) uniform_gate: Trio,
-    pub(crate) sliding_log: Trio,
-    pub(crate) sliding_window: Trio,
-    pub(crate) gcra: Trio,
-    pub(crate) leaky_bucket: LuaScript,
-    pub(crate) leaky_bucket_peek: LuaScript,
-    pub(crate) leaky_bucket_refund: LuaScript,
-    pub(crate) concurrency: LuaScript,
-    pub(crate) concurrency_peek: LuaScript,
-    pub(crate) concurrency_release: LuaScript,
     /// Forgets a caller's state under a policy (lua/reset.lua).
     pub(crate) reset: LuaScript,
-    /// Each script that batches (the charging ones and the concurrency
-    /// release) beside its batch wrapper.
-    batches: Vec<(String, LuaScript)>,
+    /// The concurrency limit's release, as the batching tests name it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) concurrency_release: &'static LuaScript,
 }
 
 impl Scripts {
-    /// Every script, each once, in a fixed order: the decisions, their
-    /// no-writes twins (and those twins unflagged, for Redis 6.2), the
-    /// refunds and releases, the batches.
-    pub(crate) fn all(&self) -> Vec<&LuaScript> {
-        let trios = [
-            &self.uniform_gate,
-            &self.sliding_log,
-            &self.sliding_window,
-            &self.gcra,
-        ];
-        let mut all = vec![
-            &self.fixed_window,
-            &self.fixed_window_peek,
-            &self.fixed_window_refund,
-        ];
-        for trio in trios {
+    /// Every script, each once, in a fixed order: each strategy's decision,
+    /// its no-writes twin and its refund or release, in the order of
+    /// [`ALL`](crate::strategy::ALL), then `reset`; the no-writes twins
+    /// unflagged, for Redis 6.2; the batches.
+    pub(crate) fn all(&'static self) -> Vec<&'static LuaScript> {
+        let mut all = Vec::new();
+        for algorithm in crate::strategy::ALL {
+            let trio = algorithm.lua();
             all.extend([&trio.check, &trio.peek, &trio.refund]);
         }
-        all.extend([
-            &self.leaky_bucket,
-            &self.leaky_bucket_peek,
-            &self.leaky_bucket_refund,
-            &self.concurrency,
-            &self.concurrency_peek,
-            &self.concurrency_release,
-            &self.reset,
-        ]);
+        all.push(&self.reset);
         let twins: Vec<&LuaScript> = all.iter().filter_map(|s| s.plain.as_deref()).collect();
         all.extend(twins);
-        for (_, batch) in &self.batches {
+        let batches: Vec<&LuaScript> = all.iter().filter_map(|s| s.batch.as_deref()).collect();
+        for batch in batches {
             if !all.iter().any(|s| s.name == batch.name) {
                 all.push(batch);
             }
@@ -327,52 +342,32 @@ impl Scripts {
     }
 
     /// The batch wrapper of the writing script `check`, if it has one.
-    pub(crate) fn batch_of(&self, check: &LuaScript) -> Option<&LuaScript> {
-        self.batches
-            .iter()
-            .find(|(sha, _)| *sha == check.sha)
-            .map(|(_, batch)| batch)
+    pub(crate) fn batch_of<'a>(&self, check: &'a LuaScript) -> Option<&'a LuaScript> {
+        check.batch.as_deref()
     }
 
     /// For a script whose pass holds something until given back (the
     /// concurrency check's slots): the script that gives it back, and its
-    /// arguments (`lua/concurrency_release.lua`'s id and cost) from the
-    /// check's `args` (`lua/concurrency.lua`'s `ARGV[5]` and `ARGV[2]`).
+    /// arguments, from the check's `args`; the strategy says which.
     pub(crate) fn give_back_of(
         &self,
         script: &LuaScript,
         args: &[i64],
     ) -> Option<(&'static LuaScript, super::Args)> {
-        if !std::ptr::eq(script, &self.concurrency) {
-            return None;
-        }
-        let (&cost, &id) = (args.get(1)?, args.get(4)?);
-        Some((
-            &SCRIPTS.concurrency_release,
-            super::Args::from_slice(&[id, cost]),
-        ))
+        script.give_back?(args)
     }
 
     /// Where the writing script `script` takes its request id among its
-    /// arguments, if it takes one (`ARGV[5]` of `lua/concurrency.lua`,
-    /// `ARGV[1]` of `lua/concurrency_release.lua`, `ARGV[3]` of
-    /// `lua/sliding_log.lua`): in a flood, the one argument that differs
-    /// from the decision before, and all a batch sends of it.
+    /// arguments, if it takes one (its strategy says where): in a flood,
+    /// the one argument that differs from the decision before, and all a
+    /// batch sends of it.
     pub(crate) fn id_at(&self, script: &LuaScript) -> Option<usize> {
-        if std::ptr::eq(script, &self.concurrency) {
-            Some(4)
-        } else if std::ptr::eq(script, &self.concurrency_release) {
-            Some(0)
-        } else if std::ptr::eq(script, &self.sliding_log.check) {
-            Some(2)
-        } else {
-            None
-        }
+        script.id_at
     }
 }
 
-/// A strategy's decision script, the same flagged read-only for peeks, and
-/// its refund script.
+/// A strategy's scripts: its decision script (batched), the same flagged
+/// read-only for peeks, and its refund (or release) script.
 #[derive(Debug)]
 pub(crate) struct Trio {
     pub(crate) check: LuaScript,
@@ -381,11 +376,24 @@ pub(crate) struct Trio {
 }
 
 impl Trio {
-    fn new(name: &'static str, check: &str, refund: &str) -> Self {
+    /// The decision script `check` named `name`, its no-writes twin
+    /// `<name>_peek`, and `refund`. Its batches run `own_batch` (a
+    /// strategy's `lua/<name>_batch.lua`, which reads and writes each key
+    /// once per call, not per decision), or else each decision's script.
+    pub(crate) fn new(
+        name: &'static str,
+        check: &str,
+        own_batch: Option<&str>,
+        refund: LuaScript,
+    ) -> Self {
+        let batch = match own_batch {
+            Some(source) => LuaScript::batch_with(suffixed(name, "_batch"), source),
+            None => LuaScript::batch_of(name, check),
+        };
         Self {
-            check: LuaScript::decision(name, check),
+            check: LuaScript::decision(name, check).batched(batch),
             peek: LuaScript::dry_run(suffixed(name, "_peek"), check),
-            refund: LuaScript::new(suffixed(name, "_refund"), refund.into()),
+            refund,
         }
     }
 
@@ -399,117 +407,7 @@ impl Trio {
     }
 }
 
-/// The strategies whose batches read and write each key once per call, not
-/// per decision (`lua/*_batch.lua`); the others run each decision's script.
-const OWN_BATCHES: [(&str, &str, &str); 6] = [
-    (
-        "fixed_window",
-        "fixed_window_batch",
-        include_str!("../../../lua/fixed_window_batch.lua"),
-    ),
-    (
-        "gcra",
-        "gcra_batch",
-        include_str!("../../../lua/gcra_batch.lua"),
-    ),
-    (
-        "leaky_bucket",
-        "leaky_bucket_batch",
-        include_str!("../../../lua/leaky_bucket_batch.lua"),
-    ),
-    (
-        "sliding_window",
-        "sliding_window_batch",
-        include_str!("../../../lua/sliding_window_batch.lua"),
-    ),
-    (
-        "concurrency",
-        "concurrency_batch",
-        include_str!("../../../lua/concurrency_batch.lua"),
-    ),
-    (
-        "sliding_log",
-        "sliding_log_batch",
-        include_str!("../../../lua/sliding_log_batch.lua"),
-    ),
-];
-
-pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
-    let fixed_window = include_str!("../../../lua/fixed_window.lua");
-    let leaky_bucket = include_str!("../../../lua/leaky_bucket.lua");
-    let concurrency = include_str!("../../../lua/concurrency.lua");
-    let concurrency_release = include_str!("../../../lua/concurrency_release.lua");
-    let checks = [
-        ("fixed_window", fixed_window),
-        (
-            "uniform_gate",
-            include_str!("../../../lua/uniform_gate.lua"),
-        ),
-        ("sliding_log", include_str!("../../../lua/sliding_log.lua")),
-        (
-            "sliding_window",
-            include_str!("../../../lua/sliding_window.lua"),
-        ),
-        ("gcra", include_str!("../../../lua/gcra.lua")),
-        ("leaky_bucket", leaky_bucket),
-        ("concurrency", concurrency),
-        // Not a check, but it batches as one, in the checks' own batch
-        // script: a crowd releases its slots as fast as it takes them, and
-        // both go out in one call.
-        ("concurrency_release", concurrency_release),
-    ];
-    let batches = checks
-        .iter()
-        .map(|&(name, source)| {
-            let (sha, own) = if name == "concurrency_release" {
-                (LuaScript::packed(name, source).sha, "concurrency")
-            } else {
-                (LuaScript::decision(name, source).sha, name)
-            };
-            let batch = match OWN_BATCHES.iter().find(|own_batch| own_batch.0 == own) {
-                Some(&(_, batch, source)) => LuaScript::batch_with(batch, source),
-                None => LuaScript::batch_of(name, source),
-            };
-            (sha, batch)
-        })
-        .collect();
-    Scripts {
-        batches,
-        fixed_window: LuaScript::decision("fixed_window", fixed_window),
-        fixed_window_peek: LuaScript::dry_run("fixed_window_peek", fixed_window),
-        fixed_window_refund: LuaScript::new(
-            "fixed_window_refund",
-            include_str!("../../../lua/fixed_window_refund.lua").into(),
-        ),
-        uniform_gate: Trio::new(
-            "uniform_gate",
-            include_str!("../../../lua/uniform_gate.lua"),
-            include_str!("../../../lua/uniform_gate_refund.lua"),
-        ),
-        sliding_log: Trio::new(
-            "sliding_log",
-            include_str!("../../../lua/sliding_log.lua"),
-            include_str!("../../../lua/sliding_log_refund.lua"),
-        ),
-        sliding_window: Trio::new(
-            "sliding_window",
-            include_str!("../../../lua/sliding_window.lua"),
-            include_str!("../../../lua/sliding_window_refund.lua"),
-        ),
-        gcra: Trio::new(
-            "gcra",
-            include_str!("../../../lua/gcra.lua"),
-            include_str!("../../../lua/gcra_refund.lua"),
-        ),
-        leaky_bucket: LuaScript::decision("leaky_bucket", leaky_bucket),
-        leaky_bucket_peek: LuaScript::dry_run("leaky_bucket_peek", leaky_bucket),
-        leaky_bucket_refund: LuaScript::new(
-            "leaky_bucket_refund",
-            include_str!("../../../lua/leaky_bucket_refund.lua").into(),
-        ),
-        concurrency: LuaScript::decision("concurrency", concurrency),
-        concurrency_peek: LuaScript::dry_run("concurrency_peek", concurrency),
-        concurrency_release: LuaScript::packed("concurrency_release", concurrency_release),
-        reset: LuaScript::new("reset", include_str!("../../../lua/reset.lua").into()),
-    }
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    reset: LuaScript::new("reset", include_str!("../../../lua/reset.lua").into()),
+    concurrency_release: crate::strategy::concurrency::release_script(),
 });
