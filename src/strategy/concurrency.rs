@@ -136,8 +136,9 @@ fn release_of(args: &[i64]) -> Option<(&'static LuaScript, Args)> {
     Some((&LUA.refund, Args::from_slice(&[id, cost])))
 }
 
-/// `lua/concurrency_release.lua`, which frees a slot.
-#[cfg(feature = "redis")]
+/// `lua/concurrency_release.lua`, which frees a slot (the batcher's tests
+/// send it directly).
+#[cfg(all(test, feature = "deadpool"))]
 pub(crate) fn release_script() -> &'static LuaScript {
     &LUA.refund
 }

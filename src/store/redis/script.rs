@@ -313,9 +313,6 @@ fn timed(source: &str) -> String {
 pub(crate) struct Scripts {
     /// Forgets a caller's state under a policy (lua/reset.lua).
     pub(crate) reset: LuaScript,
-    /// The concurrency limit's release, as the batching tests name it.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) concurrency_release: &'static LuaScript,
 }
 
 impl Scripts {
@@ -409,5 +406,4 @@ impl Trio {
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reset: LuaScript::new("reset", include_str!("../../../lua/reset.lua").into()),
-    concurrency_release: crate::strategy::concurrency::release_script(),
 });

@@ -451,7 +451,7 @@ mod tests {
     #[test]
     fn a_batch_freed_with_no_runtime_fails_its_calls_and_frees_its_slot() {
         let batcher = unreachable_batcher();
-        let script = &SCRIPTS.concurrency_release;
+        let script = crate::strategy::concurrency::release_script();
         let call = || batcher.eval(script, KeyList::new(), Args::new(), 0);
         // Every slot taken by a call made (not yet sent), then one queued.
         let mut alone: Vec<_> = (0..MAX_IN_FLIGHT.get()).map(|_| Box::pin(call())).collect();
