@@ -183,6 +183,21 @@ impl Policy {
         Self::new(name, Strategy::FixedWindow, quota)
     }
 
+    /// A fixed window aligned on the Unix epoch: windows of `quota.window()`
+    /// end at its multiples, so `Reset` is known in advance and the same for
+    /// everyone ("1,000 per UTC day, reset at midnight").
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Policy, Quota, Strategy};
+    /// let daily = Quota::new(1000, Duration::from_secs(86_400)).unwrap();
+    /// let policy = Policy::aligned_window("daily", daily);
+    /// assert_eq!(policy.strategy(), &Strategy::AlignedWindow);
+    /// ```
+    pub fn aligned_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Strategy::AlignedWindow, quota)
+    }
+
     /// A uniform gate: one call per caller per `span`, to the microsecond
     /// (Bob may buy tiger-feeding tickets once every 10 s). A request of cost
     /// `c` closes the gate for `c` spans. The span must be 1 ms to a year.

@@ -45,6 +45,7 @@ fn q(limit: u32, millis: u64) -> Quota {
 fn policies() -> Vec<Policy> {
     vec![
         Policy::fixed_window("fixed", q(3, 1_000)).and(q(5, 3_000)),
+        Policy::aligned_window("aligned", q(3, 1_000)).and(q(5, 3_000)),
         Policy::uniform_gate("gate", Duration::from_millis(700)).unwrap(),
         Policy::sliding_log("log", q(6, 2_000), q(3, 1_000)),
         Policy::sliding_window("window", q(4, 1_000)).and(q(7, 3_000)),

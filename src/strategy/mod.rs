@@ -12,6 +12,7 @@
 //! and of the memory store's `State`, and a line in [`ALL`] and in
 //! [`Strategy::algorithm`].
 
+pub(crate) mod aligned_window;
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -145,13 +146,21 @@ pub enum Strategy {
     /// about 120 per slot beyond), expiring one timeout after the last
     /// admission. Build with [`Policy::concurrency`](crate::Policy::concurrency).
     Concurrency,
+    /// A fixed window aligned on the Unix epoch, as limits (Python) and
+    /// Upstash ship it: a quota's windows end at multiples of its length,
+    /// so every server and client knows `Reset` in advance ("1,000 per UTC
+    /// day, reset at midnight"). `Remaining` is what is left in this
+    /// window, `Reset` its end. Costs one `EVALSHA` (an `HMGET`, and for a
+    /// pass `HINCRBY`, or `HSET` + `PEXPIRE` when the window is new, per
+    /// quota) and one small hash per quota and key.
+    AlignedWindow,
 }
 
 /// Every strategy's home, in the order of [`Strategy`]'s variants: what
 /// lists every script ([`RedisStore::scripts`](crate::RedisStore::scripts)).
 /// A new strategy adds a line here and an arm to [`Strategy::algorithm`].
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) const ALL: [&dyn Algorithm; 7] = [
+pub(crate) const ALL: [&dyn Algorithm; 8] = [
     &fixed_window::FixedWindow,
     &uniform_gate::UniformGate,
     &sliding_log::SlidingLog,
@@ -159,6 +168,7 @@ pub(crate) const ALL: [&dyn Algorithm; 7] = [
     &gcra::Gcra,
     &leaky_bucket::LeakyBucket,
     &concurrency::Concurrency,
+    &aligned_window::AlignedWindow,
 ];
 
 impl Strategy {
@@ -179,6 +189,7 @@ impl Strategy {
             Strategy::Gcra { .. } => &gcra::Gcra,
             Strategy::LeakyBucket { .. } => &leaky_bucket::LeakyBucket,
             Strategy::Concurrency => &concurrency::Concurrency,
+            Strategy::AlignedWindow => &aligned_window::AlignedWindow,
         }
     }
 
@@ -328,6 +339,7 @@ mod tests {
             Strategy::Gcra { burst: one },
             Strategy::LeakyBucket { capacity: one },
             Strategy::Concurrency,
+            Strategy::AlignedWindow,
         ];
         assert_eq!(every.len(), ALL.len());
         for (strategy, algorithm) in every.iter().zip(ALL) {

@@ -93,6 +93,7 @@ pub const fn limited(reset_ms: u64, retry_ms: u64) -> Expect {
 }
 
 // Each strategy's cases, beside this file.
+pub mod aligned_window;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -253,6 +254,7 @@ macro_rules! conformance_suite {
         $crate::gcra_rows!($factory);
         $crate::leaky_bucket_rows!($factory);
         $crate::concurrency_rows!($factory);
+        $crate::aligned_window_rows!($factory);
     };
 }
 

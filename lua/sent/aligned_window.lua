@@ -1,0 +1,120 @@
+local function decide(KEYS, ARGV)
+-- tollgate: a fixed window aligned on the Unix epoch, over one or more
+-- quotas, all-or-nothing, as limits (Python) and Upstash ship it.
+-- Mirrors src/strategy/aligned_window.rs; change both together.
+--
+-- A quota's windows start at multiples of its length since the epoch, so
+-- every server and every client knows `Reset` in advance ("1,000 per UTC
+-- day, reset at midnight"). The window's end is stored beside its counter,
+-- and a stored count belongs to the window whose end is stored: a count of
+-- an earlier window reads as zero, expired or not (replicas do not expire
+-- keys). Keys expire one second after their window ends; expiry only
+-- cleans up. A refund is the fixed window's (lua/fixed_window_refund.lua).
+--
+-- KEYS[i]      hash for quota i: c = units spent, r = window end (µs since epoch)
+-- ARGV[1]      now, µs since epoch; -1 reads Redis TIME (one clock for all app servers)
+-- ARGV[2]      cost in units; 0 looks without writing (the peek reuses this script)
+-- ARGV[1+2i]   quota i's limit, in units
+-- ARGV[2+2i]   quota i's window, in µs (windows end at its multiples)
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used, reset_at µs, retry_after µs or -1, now µs,
+--    reported quota (0-based), window end of quota 1 .. n (refund stamps)}
+
+-- The store's no-writes twin of this script (for peeks and pre-checks, which
+-- may run on replicas) flips the line below to true: it then decides as if
+-- charging `cost` and writes nothing.
+local dry_run = false
+
+-- A number as Redis should store it: every digit, never an exponent.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
+
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = ARGV[2] + 0
+local n = #KEYS
+
+-- Each quota's current window ends at the next multiple of its length.
+local count, reset, limit, open = {}, {}, {}, {}
+for i = 1, n do
+  limit[i] = ARGV[1 + 2 * i] + 0
+  local window = ARGV[2 + 2 * i] + 0
+  reset[i] = now - now % window + window
+  local stored = redis.call('HMGET', KEYS[i], 'c', 'r')
+  local c = tonumber(stored[1])
+  if c and tonumber(stored[2]) == reset[i] then
+    count[i], open[i] = c, true
+  else
+    count[i], open[i] = 0, false
+  end
+end
+
+-- The rejecting quota that frees up last decides Retry-After.
+local rejected = nil
+for i = 1, n do
+  if count[i] + cost > limit[i] then
+    if rejected == nil or reset[i] > reset[rejected] then rejected = i end
+  end
+end
+if rejected then
+  local i = rejected
+  return {0, limit[i], math.min(count[i], limit[i]), reset[i], reset[i] - now, now, i - 1}
+end
+
+for i = 1, n do count[i] = count[i] + cost end
+if cost > 0 and not dry_run then
+  for i = 1, n do
+    if open[i] then
+      redis.call('HINCRBY', KEYS[i], 'c', ARGV[2])
+    else
+      redis.call('HSET', KEYS[i], 'c', ARGV[2], 'r', int(reset[i]))
+      redis.call('PEXPIRE', KEYS[i], int(math.ceil((reset[i] - now) / 1000) + 1000))
+    end
+  end
+end
+
+-- When all fit, report the quota with the least left.
+local report = 1
+for i = 2, n do
+  if limit[i] - count[i] < limit[report] - count[report] then report = i end
+end
+local reply = {1, limit[report], count[report], reset[report], -1, now, report - 1}
+for i = 1, n do reply[7 + i] = reset[i] end
+return reply
+
+end
+-- tollgate: a charging decision script's reply as one string of 8-byte
+-- big-endian integers, as lua/packed.lua makes it, unless the call came
+-- too late. The store puts the decision script before this file, as the
+-- function `decide`, and folds the deadline into the script's own `now`:
+--
+-- ARGV[1]   -1: read Redis TIME, no deadline; below -1: read Redis TIME, and
+--           -ARGV[1] is `until`, the Redis time (µs) after which no one
+--           waits for the answer; 0 or more: the store's own clock's now
+--           (µs), with no deadline
+--
+-- A call Redis runs after `until` (Redis was frozen, or busy, while the
+-- request's deadline passed and the layer decided without it) writes
+-- nothing and replies {-2, now}: its request was already answered, and
+-- charging it would count a request twice. Folded into `now`, the deadline
+-- costs no argument of its own, and TIME is still read once: the `now`
+-- read here is handed on as a number, which the script's `ARGV[1] + 0`
+-- takes as it is.
+local now = ARGV[1] + 0
+if now < -1 then
+  local t = redis.call('TIME')
+  local at = t[1] * 1000000 + t[2]
+  if at > -now then return struct.pack('>ll', -2, at) end
+  ARGV[1] = at
+end
+local reply = decide(KEYS, ARGV)
+if type(reply) == 'table' and reply.err == nil then
+  return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
+end
+return reply

@@ -1,0 +1,170 @@
+//! A fixed window aligned on the Unix epoch, over one or more quotas,
+//! all-or-nothing: the fixed window of limits (Python) and Upstash.
+//!
+//! Mirrors `lua/aligned_window.lua`; change both together. A quota's
+//! windows end at multiples of its length since the epoch, so `Reset` is
+//! known in advance and is the same for every caller and every server. The
+//! decision is the fixed window's, over windows whose ends are aligned.
+
+use super::fixed_window::{self, Window, EXPIRY_GRACE_MICROS};
+use super::Algorithm;
+use crate::decision::{Decision, Receipt};
+use crate::quota::{Policy, Quota};
+use crate::store::keys::KeyNames;
+use crate::store::memory::{with_slots, Shard, State};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{LuaScript, Trio};
+#[cfg(feature = "redis")]
+use crate::store::redis::{int, quota_ints, Args, GiveBack};
+#[cfg(feature = "redis")]
+use std::sync::LazyLock;
+
+/// The end of the window of `length` µs that holds `now`.
+fn window_end(now: u64, length: u64) -> u64 {
+    now - now % length + length
+}
+
+/// Decides, and on a pass charges `cost` to every window in `windows`.
+///
+/// `windows[i]` is quota `i`'s stored window (`None` when absent); a stored
+/// count counts only if its stored end is the current window's, so a count
+/// of an earlier window reads as zero whether or not it has expired.
+pub(crate) fn check(
+    windows: &mut [Option<Window>],
+    quotas: &[Quota],
+    now: u64,
+    cost: u64,
+) -> Decision {
+    for (slot, quota) in windows.iter_mut().zip(quotas) {
+        let reset_at = window_end(now, quota.window_micros());
+        *slot = match *slot {
+            Some(w) if w.reset_at == reset_at => Some(w),
+            _ => Some(Window { count: 0, reset_at }),
+        };
+    }
+    fixed_window::check(windows, quotas, now, cost)
+}
+
+/// This strategy's scripts, built once; a refund is the fixed window's.
+#[cfg(feature = "redis")]
+static LUA: LazyLock<Trio> = LazyLock::new(|| {
+    Trio::new(
+        "aligned_window",
+        include_str!("../../lua/aligned_window.lua"),
+        None,
+        LuaScript::new(
+            "aligned_window_refund",
+            include_str!("../../lua/fixed_window_refund.lua").into(),
+        ),
+    )
+});
+
+/// The aligned window's home (see [`Algorithm`]).
+pub(crate) struct AlignedWindow;
+
+impl Algorithm for AlignedWindow {
+    fn name(&self) -> &'static str {
+        "aligned_window"
+    }
+
+    fn max_quotas(&self) -> usize {
+        8
+    }
+
+    /// Nothing is spent back before the window's end.
+    fn rejection_is_stable(&self) -> bool {
+        true
+    }
+
+    /// Nothing is spent back before the window's end.
+    fn exhaustion_is_stable(&self) -> bool {
+        true
+    }
+
+    fn decide(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        with_slots(policy.quotas().len(), |windows| {
+            for (slot, k) in windows.iter_mut().zip(keys.iter()) {
+                if let Some(State::Window(w)) = shard.get(k, now) {
+                    *slot = Some(*w);
+                }
+            }
+            let decision = check(windows, policy.quotas(), now, cost);
+            if decision.allowed && cost > 0 {
+                for (k, w) in keys.iter().zip(windows.iter()) {
+                    if let Some(w) = *w {
+                        shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
+                    }
+                }
+            }
+            decision
+        })
+    }
+
+    fn give_back(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames,
+        now: u64,
+        receipt: &Receipt,
+    ) {
+        for (k, stamp) in keys.iter().zip(receipt.stamps()) {
+            if let Some(State::Window(w)) = shard.get_mut(k, now) {
+                let mut slot = [Some(*w)];
+                fixed_window::refund(&mut slot, &[*stamp], receipt.cost());
+                if let Some(refunded) = slot[0] {
+                    *w = refunded;
+                }
+            }
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn lua(&self) -> &'static Trio {
+        &LUA
+    }
+
+    #[cfg(feature = "redis")]
+    fn call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        cost: u64,
+        read_only: bool,
+    ) -> (&'static LuaScript, Args) {
+        let mut args = Args::new();
+        args.push(now);
+        args.push(int(cost));
+        args.extend(quota_ints(policy));
+        (LUA.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+        let mut args = vec![receipt.cost().to_string()];
+        args.extend(receipt.stamps().iter().map(u64::to_string));
+        GiveBack::Refund(&LUA.refund, args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_window_ends_at_a_multiple_of_its_length() {
+        let day = Quota::new(1000, Duration::from_secs(86_400)).unwrap();
+        let noon = 1_800_000_000_000_000 - 1_800_000_000_000_000 % 86_400_000_000 + 43_200_000_000;
+        let d = check(&mut [None], &[day], noon, 1);
+        assert_eq!(d.reset_at_micros % 86_400_000_000, 0, "midnight UTC");
+        assert_eq!(d.reset_at_micros - noon, 43_200_000_000);
+    }
+}
