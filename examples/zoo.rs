@@ -21,6 +21,9 @@
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
 //!   `If-None-Match` matches.
+//! - `GET /aligned/tigerfeeding`: a fixed window aligned on the epoch,
+//!   `ZOO_ALIGNED_LIMIT` (5) per `ZOO_ALIGNED_WINDOW_SECS` (10); every caller
+//!   is told the same `Reset`.
 //! - `GET /uniform/tigerfeeding`: a uniform gate, one call per caller per
 //!   `ZOO_UNIFORM_SPAN_SECS` (10).
 //! - `GET /sliding-log/tigerfeeding`: an exact sliding log selling

@@ -15,7 +15,8 @@ const MAX_LOG: u32 = 1_000_000;
 /// One policy per strategy, each named after its strategy, all sized from
 /// `quota` (`limit` per `window`):
 ///
-/// - rate limits allow `limit` per `window`; GCRA's burst is `limit` (and
+/// - rate limits allow `limit` per `window` (the aligned window's windows
+///   end at multiples of `window`); GCRA's burst is `limit` (and
 ///   its rate at most one per microsecond, its own ceiling);
 /// - the sliding log has the same limit for everyone and for each caller,
 ///   at the same rate over a shorter window when `limit` is above its
@@ -48,6 +49,7 @@ pub fn lineup(quota: Quota) -> Vec<Policy> {
     let timeout = (window * 2).min(Duration::from_secs(365 * 24 * 3600));
     vec![
         Policy::fixed_window("fixed_window", quota),
+        Policy::aligned_window("aligned_window", quota),
         Policy::sliding_window("sliding_window", quota),
         Policy::sliding_log("sliding_log", log, log),
         Policy::gcra("gcra", gcra, limit),

@@ -44,7 +44,12 @@ impl InstantSettings {
             quota("ZOO_GCRA_LIMIT", 5, "ZOO_GCRA_PERIOD_SECS", 10)?,
             burst,
         );
+        let aligned = Policy::aligned_window(
+            "tigerfeeding.aligned",
+            quota("ZOO_ALIGNED_LIMIT", 5, "ZOO_ALIGNED_WINDOW_SECS", 10)?,
+        );
         let policies = vec![
+            ("/aligned/tigerfeeding", aligned),
             ("/uniform/tigerfeeding", uniform),
             ("/sliding-log/tigerfeeding", log),
             ("/sliding-window/tigerfeeding", window),
@@ -73,6 +78,11 @@ impl InstantSettings {
                     ),
                     tollgate::Strategy::Gcra { burst } => format!(
                         "{} per {:?}, up to {burst} at once",
+                        q[0].limit(),
+                        q[0].window()
+                    ),
+                    tollgate::Strategy::AlignedWindow => format!(
+                        "{} per {:?}, windows aligned on the epoch",
                         q[0].limit(),
                         q[0].window()
                     ),
