@@ -45,7 +45,7 @@ done
 if [ -n "${ZOO_BIN:-}" ]; then
   zoo_bin=$ZOO_BIN
 else
-  cargo build --release --example zoo --quiet
+  cargo build --release --example zoo --all-features --quiet
   zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
 fi
 out=bench-out/callgrind

@@ -110,7 +110,7 @@ echo "building the zoo (release)..." >&2
 if [ -n "${ZOO_BIN:-}" ]; then
   zoo_bin=$ZOO_BIN
 else
-  cargo build --release --example zoo --quiet
+  cargo build --release --example zoo --all-features --quiet
   zoo_bin="${CARGO_TARGET_DIR:-target}/release/examples/zoo"
 fi
 [ -x "$zoo_bin" ] || { echo "load.sh: $zoo_bin not found" >&2; exit 2; }

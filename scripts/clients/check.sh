@@ -41,7 +41,7 @@ free_port() {
 }
 
 echo "== building the zoo"
-(cd "$repo" && cargo build --quiet --example zoo)
+(cd "$repo" && cargo build --quiet --example zoo --all-features)
 zoo_bin=$CARGO_TARGET_DIR/debug/examples/zoo
 
 echo "== clients"
