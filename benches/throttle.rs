@@ -1,7 +1,7 @@
 //! The throttle's per-request cost: `Throttle::admit` with filters sized for
 //! 100,000 callers at 1 % and that many callers in the window.
 //!
-//! `cargo bench --bench throttle`
+//! `cargo bench --all-features --bench throttle`
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -1,8 +1,8 @@
 //! Measures high-volume mode: the figures quoted in issue 5's closing note.
 //!
 //! ```text
-//! cargo run --release --example flood            # all three parts
-//! cargo run --release --example flood -- cache   # or one: cache | sync | http
+//! cargo run --release --all-features --example flood            # all three parts
+//! cargo run --release --all-features --example flood -- cache   # or one: cache | sync | http
 //! ```
 //!
 //! Starts its own `redis-server` on a free loopback port (never 6379) and

@@ -1,8 +1,8 @@
 //! Every Lua script tollgate sends to Redis, exactly as sent.
 //!
 //! ```sh
-//! cargo run --example lua               # print them, each after a header line
-//! cargo run --example lua -- lua/sent   # write lua/sent/<name>.lua
+//! cargo run --all-features --example lua               # print them, each after a header line
+//! cargo run --all-features --example lua -- lua/sent   # write lua/sent/<name>.lua
 //! ```
 //!
 //! The scripts are assembled from the sources in `lua/` (a decision inside

@@ -1,8 +1,8 @@
 //! A keeper beside the zoo: drains the zoo's `/queue/tigerfeeding` work queue.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example zoo
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example queue_processor
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example zoo --all-features
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --all-features --example queue_processor
 //! curl -X POST -d 'two buckets of meat' http://127.0.0.1:3000/queue/tigerfeeding
 //! ```
 //!

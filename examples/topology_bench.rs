@@ -4,10 +4,10 @@
 //! the same load, in one run.
 //!
 //! ```sh
-//! cargo run --release --example topology_bench   # 3 rounds of 4 s per topology, 64 in flight
-//! BENCH_ROUNDS=5 BENCH_SECS=5 BENCH_CONCURRENCY=128 cargo run --release --example topology_bench
-//! BENCH_CALLERS=1 cargo run --release --example topology_bench   # one caller's flood (default 10,000)
-//! BENCH_ONLY=cluster cargo run --release --example topology_bench # the topologies named so
+//! cargo run --release --all-features --example topology_bench   # 3 rounds of 4 s per topology, 64 in flight
+//! BENCH_ROUNDS=5 BENCH_SECS=5 BENCH_CONCURRENCY=128 cargo run --release --all-features --example topology_bench
+//! BENCH_CALLERS=1 cargo run --release --all-features --example topology_bench   # one caller's flood (default 10,000)
+//! BENCH_ONLY=cluster cargo run --release --all-features --example topology_bench # the topologies named so
 //! ```
 //!
 //! It starts its own `redis-server` processes on free loopback ports (the

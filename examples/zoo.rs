@@ -1,8 +1,8 @@
 //! The Zoo: a demo server for tollgate.
 //!
 //! ```text
-//! cargo run --example zoo                                  # memory store
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example zoo  # shared limits in Redis
+//! cargo run --example zoo --all-features                                  # memory store
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example zoo --all-features  # shared limits in Redis
 //! ```
 //!
 //! Environment: `ZOO_ADDR` (default `127.0.0.1:3000`), `REDIS_URL`, `ZOO_LIMIT`
@@ -41,7 +41,7 @@
 //! - `GET|POST /queue/tigerfeeding`: queued (202) into a work queue of
 //!   `ZOO_QUEUE_CAPACITY` (10) drained at `ZOO_QUEUE_RATE` (1) per second; a
 //!   Redis Stream (or List: `ZOO_QUEUE_KIND=list`) when `REDIS_URL` is set,
-//!   drained by `cargo run --example queue_processor`, else in memory.
+//!   drained by `cargo run --all-features --example queue_processor`, else in memory.
 //! - `GET /strategies/{name}`: the same, limited by each strategy in turn
 //!   (`examples/support/lineup.rs`); `GET /strategies` lists the names.
 //! - `GET /unlimited` and `GET /strategies/unlimited` (only with

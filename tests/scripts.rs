@@ -12,7 +12,8 @@ use support::redis::{unique_prefix, RedisServer};
 use tollgate::{Key, Policy, Quota, RedisStore, Store};
 
 const SENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/lua/sent");
-const REFRESH: &str = "run `cargo run --example lua -- lua/sent` and commit lua/sent";
+const REFRESH: &str =
+    "run `cargo run --all-features --example lua -- lua/sent` and commit lua/sent";
 
 #[test]
 fn lua_sent_holds_every_script_exactly_as_sent() {

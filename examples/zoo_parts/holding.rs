@@ -185,7 +185,7 @@ pub async fn routes<S: Clone + Send + Sync + 'static>(
 }
 
 /// The work queue: in Redis when there is one (drain it with
-/// `cargo run --example queue_processor`), else in memory, drained here.
+/// `cargo run --all-features --example queue_processor`), else in memory, drained here.
 async fn work_queue(
     settings: &HoldingSettings,
     redis_url: Option<&str>,

@@ -538,7 +538,7 @@ impl RedisStore {
     /// error from inside one names it and a line of this text. The work
     /// queues send their `lua/` files as they are.
     ///
-    /// `cargo run --example lua -- lua/sent` writes them out; the repository
+    /// `cargo run --all-features --example lua -- lua/sent` writes them out; the repository
     /// keeps that copy, and a test fails when it differs from what is sent.
     ///
     /// ```

@@ -10,7 +10,7 @@ use crate::error::{StoreError, StoreErrorKind};
 
 /// A Redis error from inside a script, naming the script and the line of
 /// its text that failed: the text under `lua/sent/`, which is exactly what
-/// Redis runs (`cargo run --example lua` writes it out).
+/// Redis runs (`cargo run --all-features --example lua` writes it out).
 #[derive(Debug)]
 pub(crate) struct ScriptError {
     script: &'static str,
