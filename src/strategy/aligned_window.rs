@@ -6,16 +6,16 @@
 //! known in advance and is the same for every caller and every server. The
 //! decision is the fixed window's, over windows whose ends are aligned.
 
-use super::fixed_window::{self, Window, EXPIRY_GRACE_MICROS};
+use super::fixed_window::{self, Window};
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
 use crate::quota::{Policy, Quota};
 use crate::store::keys::KeyNames;
-use crate::store::memory::{with_slots, Shard, State};
+use crate::store::memory::Shard;
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, quota_ints, Args, GiveBack};
+use crate::store::redis::{Args, GiveBack};
 #[cfg(feature = "redis")]
 use std::sync::LazyLock;
 
@@ -89,22 +89,7 @@ impl Algorithm for AlignedWindow {
         now: u64,
         cost: u64,
     ) -> Decision {
-        with_slots(policy.quotas().len(), |windows| {
-            for (slot, k) in windows.iter_mut().zip(keys.iter()) {
-                if let Some(State::Window(w)) = shard.get(k, now) {
-                    *slot = Some(*w);
-                }
-            }
-            let decision = check(windows, policy.quotas(), now, cost);
-            if decision.allowed && cost > 0 {
-                for (k, w) in keys.iter().zip(windows.iter()) {
-                    if let Some(w) = *w {
-                        shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
-                    }
-                }
-            }
-            decision
-        })
+        fixed_window::decide_windows(policy, shard, keys, now, cost, check)
     }
 
     fn give_back(
@@ -115,15 +100,7 @@ impl Algorithm for AlignedWindow {
         now: u64,
         receipt: &Receipt,
     ) {
-        for (k, stamp) in keys.iter().zip(receipt.stamps()) {
-            if let Some(State::Window(w)) = shard.get_mut(k, now) {
-                let mut slot = [Some(*w)];
-                fixed_window::refund(&mut slot, &[*stamp], receipt.cost());
-                if let Some(refunded) = slot[0] {
-                    *w = refunded;
-                }
-            }
-        }
+        fixed_window::give_back_windows(shard, keys, now, receipt);
     }
 
     #[cfg(feature = "redis")]
@@ -139,18 +116,15 @@ impl Algorithm for AlignedWindow {
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
-        let mut args = Args::new();
-        args.push(now);
-        args.push(int(cost));
-        args.extend(quota_ints(policy));
-        (LUA.decide(read_only), args)
+        (
+            LUA.decide(read_only),
+            fixed_window::window_args(policy, now, cost),
+        )
     }
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
-        let mut args = vec![receipt.cost().to_string()];
-        args.extend(receipt.stamps().iter().map(u64::to_string));
-        GiveBack::Refund(&LUA.refund, args)
+        GiveBack::Refund(&LUA.refund, fixed_window::refund_args(receipt))
     }
 }
 

@@ -104,6 +104,70 @@ pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], cost: u64) 
     }
 }
 
+/// The memory store's half of a strategy that keeps one [`Window`] per
+/// quota (this one and the aligned window): load each quota's window,
+/// decide with `check`, store what a pass charged. One shard lock, no
+/// allocation.
+pub(crate) fn decide_windows(
+    policy: &Policy,
+    shard: &mut Shard,
+    keys: &KeyNames,
+    now: u64,
+    cost: u64,
+    check: impl FnOnce(&mut [Option<Window>], &[Quota], u64, u64) -> Decision,
+) -> Decision {
+    with_slots(policy.quotas().len(), |windows| {
+        for (slot, k) in windows.iter_mut().zip(keys.iter()) {
+            if let Some(State::Window(w)) = shard.get(k, now) {
+                *slot = Some(*w);
+            }
+        }
+        let decision = check(windows, policy.quotas(), now, cost);
+        if decision.allowed && cost > 0 {
+            for (k, w) in keys.iter().zip(windows.iter()) {
+                if let Some(w) = *w {
+                    shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
+                }
+            }
+        }
+        decision
+    })
+}
+
+/// Gives `receipt` back to each stored window it still matches.
+pub(crate) fn give_back_windows(shard: &mut Shard, keys: &KeyNames, now: u64, receipt: &Receipt) {
+    for (k, stamp) in keys.iter().zip(receipt.stamps()) {
+        if let Some(State::Window(w)) = shard.get_mut(k, now) {
+            let mut slot = [Some(*w)];
+            refund(&mut slot, &[*stamp], receipt.cost());
+            if let Some(refunded) = slot[0] {
+                *w = refunded;
+            }
+        }
+    }
+}
+
+/// A window script's arguments: now, cost, then each quota's limit and
+/// window (µs), as `lua/fixed_window.lua` and `lua/aligned_window.lua` take
+/// them.
+#[cfg(feature = "redis")]
+pub(crate) fn window_args(policy: &Policy, now: i64, cost: u64) -> Args {
+    let mut args = Args::new();
+    args.push(now);
+    args.push(int(cost));
+    args.extend(quota_ints(policy));
+    args
+}
+
+/// A window refund's arguments (`lua/fixed_window_refund.lua`): the cost,
+/// then each window's stamp (its end, µs).
+#[cfg(feature = "redis")]
+pub(crate) fn refund_args(receipt: &Receipt) -> Vec<String> {
+    let mut args = vec![receipt.cost().to_string()];
+    args.extend(receipt.stamps().iter().map(u64::to_string));
+    args
+}
+
 /// This strategy's scripts, built once.
 #[cfg(feature = "redis")]
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
@@ -148,22 +212,7 @@ impl Algorithm for FixedWindow {
         now: u64,
         cost: u64,
     ) -> Decision {
-        with_slots(policy.quotas().len(), |windows| {
-            for (slot, k) in windows.iter_mut().zip(keys.iter()) {
-                if let Some(State::Window(w)) = shard.get(k, now) {
-                    *slot = Some(*w);
-                }
-            }
-            let decision = check(windows, policy.quotas(), now, cost);
-            if decision.allowed && cost > 0 {
-                for (k, w) in keys.iter().zip(windows.iter()) {
-                    if let Some(w) = *w {
-                        shard.put(k, State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS);
-                    }
-                }
-            }
-            decision
-        })
+        decide_windows(policy, shard, keys, now, cost, check)
     }
 
     fn give_back(
@@ -174,15 +223,7 @@ impl Algorithm for FixedWindow {
         now: u64,
         receipt: &Receipt,
     ) {
-        for (k, stamp) in keys.iter().zip(receipt.stamps()) {
-            if let Some(State::Window(w)) = shard.get_mut(k, now) {
-                let mut slot = [Some(*w)];
-                refund(&mut slot, &[*stamp], receipt.cost());
-                if let Some(refunded) = slot[0] {
-                    *w = refunded;
-                }
-            }
-        }
+        give_back_windows(shard, keys, now, receipt);
     }
 
     #[cfg(feature = "redis")]
@@ -198,19 +239,12 @@ impl Algorithm for FixedWindow {
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
-        let script = LUA.decide(read_only);
-        let mut args = Args::new();
-        args.push(now);
-        args.push(int(cost));
-        args.extend(quota_ints(policy));
-        (script, args)
+        (LUA.decide(read_only), window_args(policy, now, cost))
     }
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
-        let mut args = vec![receipt.cost().to_string()];
-        args.extend(receipt.stamps().iter().map(u64::to_string));
-        GiveBack::Refund(&LUA.refund, args)
+        GiveBack::Refund(&LUA.refund, refund_args(receipt))
     }
 }
 
