@@ -639,9 +639,11 @@ impl RateLimitLayerBuilder {
         // The fallback starts from what the main store last said (see
         // `Limiter::seed`); held charges (a concurrency limit's slots) are
         // given back to the store that took them, so its fallback starts
-        // empty.
+        // empty; a store in this process never fails over, so nothing is
+        // recorded for it.
         let learned = (matches!(self.failure, FailurePolicy::Local(_))
-            && !policy.strategy().holds_until_response_ends())
+            && !policy.strategy().holds_until_response_ends()
+            && !self.store.as_ref().is_none_or(|store| store.in_process()))
         .then(|| Learned::new(seed::CAPACITY));
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
@@ -665,5 +667,72 @@ impl RateLimitLayerBuilder {
                 learned,
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::decision::Receipt;
+    use crate::key::Key;
+    use crate::quota::Quota;
+    use crate::store::BoxFuture;
+
+    /// A store out of this process, as far as the layer can tell.
+    #[derive(Debug)]
+    struct Remote(MemoryStore);
+
+    impl Store for Remote {
+        fn check<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a Key,
+            cost: u64,
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.0.check(policy, key, cost)
+        }
+
+        fn peek<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a Key,
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.0.peek(policy, key)
+        }
+
+        fn refund<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a Key,
+            receipt: &'a Receipt,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.0.refund(policy, key, receipt)
+        }
+    }
+
+    #[test]
+    fn only_a_store_that_can_fail_over_is_remembered_for_the_fallback() {
+        let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::MIN));
+        let layer = |store: Arc<dyn Store>| {
+            RateLimitLayer::builder()
+                .policy(policy.clone())
+                .shared_store(store)
+                .build()
+                .unwrap()
+        };
+        let memory = layer(Arc::new(MemoryStore::new()));
+        assert!(
+            memory.limiter.learned.is_none(),
+            "the memory store never fails over"
+        );
+        let remote = layer(Arc::new(Remote(MemoryStore::new())));
+        assert!(remote.limiter.learned.is_some());
+        let default = RateLimitLayer::builder().policy(policy).build().unwrap();
+        assert!(
+            default.limiter.learned.is_none(),
+            "the default store is in memory"
+        );
     }
 }

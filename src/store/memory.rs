@@ -332,6 +332,10 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn in_process(&self) -> bool {
+        true
+    }
+
     fn check_now(
         &self,
         policy: &Policy,

@@ -144,6 +144,18 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Whether this store decides inside this process, so it is never out
+    /// of reach: a layer over it then keeps no record of its answers for a
+    /// local fallback to start from. `false`, the default, is always safe.
+    ///
+    /// ```
+    /// use tollgate::{MemoryStore, Store};
+    /// assert!(MemoryStore::new().in_process());
+    /// ```
+    fn in_process(&self) -> bool {
+        false
+    }
+
     /// Decides at once, without awaiting, if this store can: an in-process
     /// store's fast path. `None` (the default) means "await [`check`](Store::check)".
     ///
@@ -242,6 +254,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         key: &'a Key,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         (**self).reset(policy, key)
+    }
+
+    fn in_process(&self) -> bool {
+        (**self).in_process()
     }
 
     fn check_now(
