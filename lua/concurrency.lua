@@ -20,11 +20,10 @@
 --   {allowed 1|0, limit, used (in flight), reset_at µs (newest start + timeout,
 --    or now), retry_after µs or -1, now µs, reported quota (always 0),
 --    and on a pass: the id (the release stamp)}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = false
+--
+-- dry_run  true in the store's no-writes twin of this script (peeks and
+--          pre-checks, which may run on replicas; lua/peek.lua passes it): it
+--          then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it

@@ -27,11 +27,10 @@
 --   {allowed 1|0, limit, used, reset_at µs (the reported log is empty again),
 --    retry_after µs or -1, now µs, reported quota (0 resource, 1 consumer),
 --    [on a pass: now µs, request id: the refund stamps]}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = false
+--
+-- dry_run   true in the store's no-writes twin of this script (peeks and
+--           pre-checks, which may run on replicas; lua/peek.lua passes it):
+--           it then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it

@@ -1,7 +1,8 @@
 -- tollgate: a charging decision script's reply as one string of 8-byte
 -- big-endian integers, as lua/packed.lua makes it, unless the call came
 -- too late. The store puts the decision script before this file, as the
--- function `decide`, and folds the deadline into the script's own `now`:
+-- function `decide(KEYS, ARGV, dry_run)` (run here with `dry_run` false:
+-- it charges), and folds the deadline into the script's own `now`:
 --
 -- ARGV[1]   -1: read Redis TIME, no deadline; below -1: read Redis TIME, and
 --           -ARGV[1] is `until`, the Redis time (µs) after which no one
@@ -22,7 +23,7 @@ if now < -1 then
   if at > -now then return struct.pack('>ll', -2, at) end
   ARGV[1] = at
 end
-local reply = decide(KEYS, ARGV)
+local reply = decide(KEYS, ARGV, false)
 if type(reply) == 'table' and reply.err == nil then
   return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
 end

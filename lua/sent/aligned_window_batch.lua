@@ -47,7 +47,7 @@ local function write_back()
   end
 end
 
-local function run(KEYS, ARGV)
+local function run(KEYS, ARGV, dry_run)
 -- tollgate: a fixed window aligned on the Unix epoch, over one or more
 -- quotas, all-or-nothing, as limits (Python) and Upstash ship it.
 -- Mirrors src/strategy/aligned_window.rs; change both together.
@@ -69,11 +69,10 @@ local function run(KEYS, ARGV)
 -- Reply, integers only:
 --   {allowed 1|0, limit, used, reset_at µs, retry_after µs or -1, now µs,
 --    reported quota (0-based), window end of quota 1 .. n (refund stamps)}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = false
+--
+-- dry_run      true in the store's no-writes twin of this script (peeks and
+--              pre-checks, which may run on replicas; lua/peek.lua passes
+--              it): it then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent.
 local function int(x)
@@ -141,7 +140,7 @@ end
 local function flush() end
 -- tollgate: the `decide` that lua/batch.lua calls for a strategy without its
 -- own: the store puts the decision script before this file as
--- `run(KEYS, ARGV)`, and each decision runs it on its own keys and arguments,
+-- `run(KEYS, ARGV, dry_run)`, and each decision runs it on its own keys and arguments,
 -- exactly as it would run alone. The store adds an empty `flush`.
 
 -- The tables of the decision before, reused when a decision repeats its
@@ -151,14 +150,14 @@ local last_keys, last_args, last = nil, nil, {}
 local function decide(k, nk, a, na, now)
   if last_keys and last[1] == k and last[2] == nk and last[3] == a and last[4] == na
     and last[5] == now then
-    return run(last_keys, last_args)
+    return run(last_keys, last_args, false)
   end
   local keys, args = {}, {}
   for i = 1, nk do keys[i] = KEYS[k + i] end
   for i = 1, na do args[i] = ARGV[a + i] end
   if now then args[1] = now end
   last_keys, last_args, last = keys, args, {k, nk, a, na, now}
-  return run(keys, args)
+  return run(keys, args, false)
 end
 
 -- tollgate: several decisions of one strategy in one script call.

@@ -1,4 +1,4 @@
-local function decide(KEYS, ARGV)
+local function decide(KEYS, ARGV, dry_run)
 -- tollgate: release a concurrency-limit slot (the response body ended or was
 -- dropped, or the request was cancelled). Mirrors concurrency::release.
 -- ZREM keeps the key's expiry; an emptied set is deleted by Redis.

@@ -1,5 +1,5 @@
 #!lua flags=no-writes
-local function decide(KEYS, ARGV)
+local function decide(KEYS, ARGV, dry_run)
 -- tollgate: GitHub-style fixed window over one or more quotas, all-or-nothing.
 -- Mirrors src/strategy/fixed_window.rs; change both together.
 -- lua/fixed_window_batch.lua mirrors it for batches (each key read and
@@ -19,11 +19,10 @@ local function decide(KEYS, ARGV)
 -- Reply, integers only:
 --   {allowed 1|0, limit, used, reset_at µs, retry_after µs or -1, now µs,
 --    reported quota (0-based), window end of quota 1 .. n (refund stamps)}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = true
+--
+-- dry_run      true in the store's no-writes twin of this script (peeks and
+--              pre-checks, which may run on replicas; lua/peek.lua passes
+--              it): it then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it
@@ -114,15 +113,13 @@ for i = 1, n do reply[7 + i] = reset[i] end
 return reply
 
 end
--- tollgate: a decision script's reply as one string of 8-byte big-endian
--- integers. The store puts the decision script before this file, as the
--- function `decide`; batches (lua/batch.lua) keep their lines instead.
---
--- redis-rs parses an array reply value by value, about a thousand
--- instructions each, some eight per decision; a string is one value, and
--- Redis packs it for what converting the array would cost (measured with
--- redis-server under callgrind: 64,059 against 64,124 instructions a call).
-local reply = decide(KEYS, ARGV)
+-- tollgate: the no-writes twin of a decision script, for peeks and replica
+-- pre-checks. The store puts the decision script before this file as the
+-- function `decide(KEYS, ARGV, dry_run)`, flags the whole `no-writes`, and
+-- passes `dry_run` true here: the script then decides as if charging the
+-- cost it is given and writes nothing. Its reply is packed as
+-- lua/packed.lua packs it.
+local reply = decide(KEYS, ARGV, true)
 if type(reply) == 'table' and reply.err == nil then
   return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
 end

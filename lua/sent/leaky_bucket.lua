@@ -1,4 +1,4 @@
-local function decide(KEYS, ARGV)
+local function decide(KEYS, ARGV, dry_run)
 -- tollgate: leaky bucket that shapes traffic ("virtual scheduling").
 -- Mirrors src/strategy/leaky_bucket.rs and lua/leaky_bucket_batch.lua mirrors it;
 -- change all three together.
@@ -19,11 +19,10 @@ local function decide(KEYS, ARGV)
 --   {allowed 1|0, limit (= capacity), used, reset_at µs (bucket empty),
 --    retry_after µs or -1, now µs, reported quota (always 0),
 --    and on a pass: slot end µs (the refund stamp), delay µs before leaving}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = false
+--
+-- dry_run  true in the store's no-writes twin of this script (peeks and
+--          pre-checks, which may run on replicas; lua/peek.lua passes it): it
+--          then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it
@@ -74,7 +73,8 @@ end
 -- tollgate: a charging decision script's reply as one string of 8-byte
 -- big-endian integers, as lua/packed.lua makes it, unless the call came
 -- too late. The store puts the decision script before this file, as the
--- function `decide`, and folds the deadline into the script's own `now`:
+-- function `decide(KEYS, ARGV, dry_run)` (run here with `dry_run` false:
+-- it charges), and folds the deadline into the script's own `now`:
 --
 -- ARGV[1]   -1: read Redis TIME, no deadline; below -1: read Redis TIME, and
 --           -ARGV[1] is `until`, the Redis time (µs) after which no one
@@ -95,7 +95,7 @@ if now < -1 then
   if at > -now then return struct.pack('>ll', -2, at) end
   ARGV[1] = at
 end
-local reply = decide(KEYS, ARGV)
+local reply = decide(KEYS, ARGV, false)
 if type(reply) == 'table' and reply.err == nil then
   return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
 end

@@ -1,5 +1,5 @@
 #!lua flags=no-writes
-local function decide(KEYS, ARGV)
+local function decide(KEYS, ARGV, dry_run)
 -- tollgate: leaky bucket that shapes traffic ("virtual scheduling").
 -- Mirrors src/strategy/leaky_bucket.rs and lua/leaky_bucket_batch.lua mirrors it;
 -- change all three together.
@@ -20,11 +20,10 @@ local function decide(KEYS, ARGV)
 --   {allowed 1|0, limit (= capacity), used, reset_at µs (bucket empty),
 --    retry_after µs or -1, now µs, reported quota (always 0),
 --    and on a pass: slot end µs (the refund stamp), delay µs before leaving}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = true
+--
+-- dry_run  true in the store's no-writes twin of this script (peeks and
+--          pre-checks, which may run on replicas; lua/peek.lua passes it): it
+--          then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it
@@ -72,15 +71,13 @@ end
 return {1, capacity, ceil_div(after, interval), finish, -1, now, 0, finish, level}
 
 end
--- tollgate: a decision script's reply as one string of 8-byte big-endian
--- integers. The store puts the decision script before this file, as the
--- function `decide`; batches (lua/batch.lua) keep their lines instead.
---
--- redis-rs parses an array reply value by value, about a thousand
--- instructions each, some eight per decision; a string is one value, and
--- Redis packs it for what converting the array would cost (measured with
--- redis-server under callgrind: 64,059 against 64,124 instructions a call).
-local reply = decide(KEYS, ARGV)
+-- tollgate: the no-writes twin of a decision script, for peeks and replica
+-- pre-checks. The store puts the decision script before this file as the
+-- function `decide(KEYS, ARGV, dry_run)`, flags the whole `no-writes`, and
+-- passes `dry_run` true here: the script then decides as if charging the
+-- cost it is given and writes nothing. Its reply is packed as
+-- lua/packed.lua packs it.
+local reply = decide(KEYS, ARGV, true)
 if type(reply) == 'table' and reply.err == nil then
   return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
 end

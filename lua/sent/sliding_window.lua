@@ -1,4 +1,4 @@
-local function decide(KEYS, ARGV)
+local function decide(KEYS, ARGV, dry_run)
 -- tollgate: Cloudflare's sliding-window counter over one or more quotas,
 -- all-or-nothing. Mirrors src/strategy/sliding_window.rs line for line;
 -- change both together. lua/sliding_window_batch.lua mirrors it for batches
@@ -26,11 +26,10 @@ local function decide(KEYS, ARGV)
 --    reset_at µs (when the estimate is back to zero), retry_after µs or -1,
 --    now µs, reported quota (0-based), [on a pass: window start of quota
 --    1 .. n, the refund stamps]}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = false
+--
+-- dry_run      true in the store's no-writes twin of this script (peeks and
+--              pre-checks, which may run on replicas; lua/peek.lua passes
+--              it): it then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it
@@ -152,7 +151,8 @@ end
 -- tollgate: a charging decision script's reply as one string of 8-byte
 -- big-endian integers, as lua/packed.lua makes it, unless the call came
 -- too late. The store puts the decision script before this file, as the
--- function `decide`, and folds the deadline into the script's own `now`:
+-- function `decide(KEYS, ARGV, dry_run)` (run here with `dry_run` false:
+-- it charges), and folds the deadline into the script's own `now`:
 --
 -- ARGV[1]   -1: read Redis TIME, no deadline; below -1: read Redis TIME, and
 --           -ARGV[1] is `until`, the Redis time (µs) after which no one
@@ -173,7 +173,7 @@ if now < -1 then
   if at > -now then return struct.pack('>ll', -2, at) end
   ARGV[1] = at
 end
-local reply = decide(KEYS, ARGV)
+local reply = decide(KEYS, ARGV, false)
 if type(reply) == 'table' and reply.err == nil then
   return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
 end

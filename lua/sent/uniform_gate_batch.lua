@@ -47,7 +47,7 @@ local function write_back()
   end
 end
 
-local function run(KEYS, ARGV)
+local function run(KEYS, ARGV, dry_run)
 -- tollgate: the uniform gate, one call per caller per span.
 -- Mirrors src/strategy/uniform_gate.rs; change both together.
 --
@@ -70,11 +70,10 @@ local function run(KEYS, ARGV)
 --   {allowed 1|0, limit 1, used 1 when closed else 0, reopens at µs (now when
 --    open), retry_after µs or -1, now µs, quota 0, [on a pass: reopens at µs,
 --    the refund stamp]}
-
--- The store's no-writes twin of this script (for peeks and pre-checks, which
--- may run on replicas) flips the line below to true: it then decides as if
--- charging `cost` and writes nothing.
-local dry_run = false
+--
+-- dry_run   true in the store's no-writes twin of this script (peeks and
+--           pre-checks, which may run on replicas; lua/peek.lua passes it):
+--           it then decides as if charging `cost` and writes nothing
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it
@@ -116,7 +115,7 @@ end
 local function flush() end
 -- tollgate: the `decide` that lua/batch.lua calls for a strategy without its
 -- own: the store puts the decision script before this file as
--- `run(KEYS, ARGV)`, and each decision runs it on its own keys and arguments,
+-- `run(KEYS, ARGV, dry_run)`, and each decision runs it on its own keys and arguments,
 -- exactly as it would run alone. The store adds an empty `flush`.
 
 -- The tables of the decision before, reused when a decision repeats its
@@ -126,14 +125,14 @@ local last_keys, last_args, last = nil, nil, {}
 local function decide(k, nk, a, na, now)
   if last_keys and last[1] == k and last[2] == nk and last[3] == a and last[4] == na
     and last[5] == now then
-    return run(last_keys, last_args)
+    return run(last_keys, last_args, false)
   end
   local keys, args = {}, {}
   for i = 1, nk do keys[i] = KEYS[k + i] end
   for i = 1, na do args[i] = ARGV[a + i] end
   if now then args[1] = now end
   last_keys, last_args, last = keys, args, {k, nk, a, na, now}
-  return run(keys, args)
+  return run(keys, args, false)
 end
 
 -- tollgate: several decisions of one strategy in one script call.

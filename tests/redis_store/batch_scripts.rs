@@ -26,6 +26,10 @@ impl Dice {
     }
 }
 
+/// Before a lone decision script's text: its `dry_run` argument as the
+/// store passes it to a charge (lua/timed.lua).
+const CHARGING: &str = "local dry_run = false\n";
+
 /// Lets a script's PEXPIREs be compared exactly: each also SETs
 /// `px|<key>` to the milliseconds it was given.
 /// A strategy's own batch file (`lua/*_batch.lua`) put together as the
@@ -216,7 +220,7 @@ fn the_sliding_log_batch_decides_and_writes_what_its_lone_script_does() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     let lone = format!(
-        "{PEXPIRE_SHIM}{}",
+        "{PEXPIRE_SHIM}{CHARGING}{}",
         include_str!("../../lua/sliding_log.lua")
     );
     let batch = shimmed_batch(include_str!("../../lua/sliding_log_batch.lua"));
@@ -347,7 +351,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
     let server = RedisServer::start();
     let mut conn = server.conn();
     let lone = format!(
-        "{PEXPIRE_SHIM}{}",
+        "{PEXPIRE_SHIM}{CHARGING}{}",
         include_str!("../../lua/concurrency.lua")
     );
     let release = format!(

@@ -181,19 +181,14 @@ impl LuaScript {
     }
 
     /// The no-writes twin of a decision script, for peeks and pre-checks:
-    /// [read-only](Self::read_only), with its `dry_run` switched on, so it
-    /// decides as if charging the cost it is given and writes nothing; its
-    /// reply packed as the [decision](Self::decision)'s is.
+    /// [read-only](Self::read_only), run by `lua/peek.lua` with its
+    /// `dry_run` argument true, so it decides as if charging the cost it
+    /// is given and writes nothing; its reply packed as the
+    /// [decision](Self::decision)'s is.
     pub(crate) fn dry_run(name: &'static str, source: &str) -> Self {
-        const MARKER: &str = "\nlocal dry_run = false\n";
-        assert_eq!(
-            source.matches(MARKER).count(),
-            1,
-            "lua/{name}.lua must declare `local dry_run = false` once"
-        );
         Self::read_only(
             name,
-            &packed(&source.replacen(MARKER, "\nlocal dry_run = true\n", 1)),
+            &(as_function("decide", source) + include_str!("../../../lua/peek.lua")),
         )
     }
 
@@ -291,10 +286,11 @@ impl LuaScript {
     }
 }
 
-/// A whole script as the local function `name(KEYS, ARGV)`, for a wrapper
-/// that follows to call: its `return`s then hand a value to the wrapper.
+/// A whole script as the local function `name(KEYS, ARGV, dry_run)`, for
+/// a wrapper that follows to call: its `return`s then hand a value to the
+/// wrapper, and the wrapper says whether it may write.
 fn as_function(name: &str, source: &str) -> String {
-    format!("local function {name}(KEYS, ARGV)\n{source}\nend\n")
+    format!("local function {name}(KEYS, ARGV, dry_run)\n{source}\nend\n")
 }
 
 /// `source` as the function `decide`, its reply packed by `lua/packed.lua`.
