@@ -1,13 +1,5 @@
--- tollgate: what every strategy's batch (lua/*_batch.lua) shares; the store
--- puts it first.
-
--- A number as Redis should store it: every digit, never an exponent. An
--- integer, nearly every number here, takes '%d': Redis's Lua formats it
--- in half the time '%.0f' takes.
-local function int(x)
-  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
-  return string.format('%.0f', x)
-end
+-- tollgate: what every strategy's batch (lua/*_batch.lua) shares, beside
+-- lua/prelude.lua; the store puts it after that one.
 
 -- An ARGV string as a number, converted once per call: a flood sends the same
 -- few numbers over and over, and Redis's Lua turns a string into a number

@@ -14,7 +14,7 @@
 -- Each decision's keys and arguments are lua/concurrency.lua's, or
 -- lua/concurrency_release.lua's for a release (two arguments), which runs
 -- here as it would alone.
--- `num` and `int` come from lua/batch_prelude.lua.
+-- `int` comes from lua/prelude.lua, `num` from lua/batch_prelude.lua.
 
 local state, order = {}, {}
 

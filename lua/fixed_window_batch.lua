@@ -9,7 +9,7 @@
 -- Nothing else can run in between, so the result is the same.
 --
 -- Each decision's keys and arguments are lua/fixed_window.lua's.
--- `num` and `int` come from lua/batch_prelude.lua.
+-- `int` comes from lua/prelude.lua, `num` from lua/batch_prelude.lua.
 
 local state, order = {}, {}
 

@@ -36,7 +36,7 @@
 --
 -- Each decision's keys and arguments are lua/sliding_log.lua's; its two
 -- keys are always two logs (the resource's and a consumer's).
--- `num` and `int` come from lua/batch_prelude.lua.
+-- `int` comes from lua/prelude.lua, `num` from lua/batch_prelude.lua.
 
 -- Per log key: n, the units inside (cutoff, +inf); newest, the newest
 -- entry's time while n > 0; cutoff, the one the state holds for (low, the

@@ -21,7 +21,7 @@
 -- added to it.
 --
 -- Each decision's keys and arguments are lua/sliding_window.lua's.
--- `num` and `int` come from lua/batch_prelude.lua.
+-- `int` comes from lua/prelude.lua, `num` from lua/batch_prelude.lua.
 
 -- Per key, what Redis would hold after the call's decisions so far: s (nil
 -- while the key has none), c, p; `added`, what the call's HINCRBYs would

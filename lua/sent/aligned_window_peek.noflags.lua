@@ -1,3 +1,13 @@
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first.
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 local function decide(KEYS, ARGV, dry_run)
 -- tollgate: a fixed window aligned on the Unix epoch, over one or more
 -- quotas, all-or-nothing, as limits (Python) and Upstash ship it.
@@ -24,12 +34,8 @@ local function decide(KEYS, ARGV, dry_run)
 -- dry_run      true in the store's no-writes twin of this script (peeks and
 --              pre-checks, which may run on replicas; lua/peek.lua passes
 --              it): it then decides as if charging `cost` and writes nothing
-
--- A number as Redis should store it: every digit, never an exponent.
-local function int(x)
-  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
-  return string.format('%.0f', x)
-end
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
 
 local now = ARGV[1] + 0
 if now < 0 then

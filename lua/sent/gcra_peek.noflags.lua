@@ -1,3 +1,13 @@
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first.
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 local function decide(KEYS, ARGV, dry_run)
 -- tollgate: GCRA, a token bucket kept as one timestamp, as in redis-cell.
 -- Mirrors src/strategy/gcra.rs and lua/gcra_batch.lua mirrors it;
@@ -24,14 +34,8 @@ local function decide(KEYS, ARGV, dry_run)
 -- dry_run   true in the store's no-writes twin of this script (peeks and
 --           pre-checks, which may run on replicas; lua/peek.lua passes it):
 --           it then decides as if charging `cost` and writes nothing
-
--- A number as Redis should store it: every digit, never an exponent. An
--- integer, nearly every number here, takes '%d': Redis's Lua formats it
--- in half the time '%.0f' takes.
-local function int(x)
-  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
-  return string.format('%.0f', x)
-end
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
 
 -- floor(a / b) for integers below 2^53: a double quotient can round up to
 -- the next integer, so correct it with exact products.

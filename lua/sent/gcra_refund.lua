@@ -1,3 +1,13 @@
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first.
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 -- tollgate: refund a GCRA charge: move the TAT back by cost * T, never
 -- before now, and never before the start of the charge being refunded (so
 -- refunding one receipt twice cannot hand out other requests' units).
@@ -10,14 +20,8 @@
 -- ARGV[4]   the TAT the charge set: the receipt's stamp
 --
 -- Reply: 1 if the TAT moved back, else 0.
-
--- A number as Redis should store it: every digit, never an exponent. An
--- integer, nearly every number here, takes '%d': Redis's Lua formats it
--- in half the time '%.0f' takes.
-local function int(x)
-  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
-  return string.format('%.0f', x)
-end
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
 
 -- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
 -- converts it twice (strtod each time).

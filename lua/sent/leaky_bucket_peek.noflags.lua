@@ -1,3 +1,13 @@
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first.
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 local function decide(KEYS, ARGV, dry_run)
 -- tollgate: leaky bucket that shapes traffic ("virtual scheduling").
 -- Mirrors src/strategy/leaky_bucket.rs and lua/leaky_bucket_batch.lua mirrors it;
@@ -23,14 +33,8 @@ local function decide(KEYS, ARGV, dry_run)
 -- dry_run  true in the store's no-writes twin of this script (peeks and
 --          pre-checks, which may run on replicas; lua/peek.lua passes it): it
 --          then decides as if charging `cost` and writes nothing
-
--- A number as Redis should store it: every digit, never an exponent. An
--- integer, nearly every number here, takes '%d': Redis's Lua formats it
--- in half the time '%.0f' takes.
-local function int(x)
-  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
-  return string.format('%.0f', x)
-end
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
 
 -- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
 -- converts it twice (strtod each time).

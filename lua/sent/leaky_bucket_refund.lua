@@ -1,3 +1,13 @@
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first.
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 -- tollgate: give a leaky bucket's slot back (a client that left while
 -- waiting, or a response the layer's refund predicate frees).
 -- Mirrors leaky_bucket::refund in src/strategy/leaky_bucket.rs.
@@ -14,14 +24,8 @@
 -- ARGV[4]  the slot's end, µs: the receipt's stamp
 --
 -- Reply: 1 if the bucket moved, else 0 (integer).
-
--- A number as Redis should store it: every digit, never an exponent. An
--- integer, nearly every number here, takes '%d': Redis's Lua formats it
--- in half the time '%.0f' takes.
-local function int(x)
-  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
-  return string.format('%.0f', x)
-end
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
 
 -- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
 -- converts it twice (strtod each time).

@@ -1,5 +1,5 @@
--- tollgate: what every strategy's batch (lua/*_batch.lua) shares; the store
--- puts it first.
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first.
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it
@@ -8,6 +8,8 @@ local function int(x)
   if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
   return string.format('%.0f', x)
 end
+-- tollgate: what every strategy's batch (lua/*_batch.lua) shares, beside
+-- lua/prelude.lua; the store puts it after that one.
 
 -- An ARGV string as a number, converted once per call: a flood sends the same
 -- few numbers over and over, and Redis's Lua turns a string into a number
@@ -85,7 +87,7 @@ end
 --
 -- Each decision's keys and arguments are lua/sliding_log.lua's; its two
 -- keys are always two logs (the resource's and a consumer's).
--- `num` and `int` come from lua/batch_prelude.lua.
+-- `int` comes from lua/prelude.lua, `num` from lua/batch_prelude.lua.
 
 -- Per log key: n, the units inside (cutoff, +inf); newest, the newest
 -- entry's time while n > 0; cutoff, the one the state holds for (low, the

@@ -1,3 +1,13 @@
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first.
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
 -- tollgate: refund a sliding-log charge: remove the members that one pass
 -- added to both logs. Members that already left a window are gone anyway.
 --

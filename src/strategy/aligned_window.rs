@@ -52,9 +52,9 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
         "aligned_window",
         include_str!("../../lua/aligned_window.lua"),
         None,
-        LuaScript::new(
+        LuaScript::refund(
             "aligned_window_refund",
-            include_str!("../../lua/fixed_window_refund.lua").into(),
+            include_str!("../../lua/fixed_window_refund.lua"),
         ),
     )
 });

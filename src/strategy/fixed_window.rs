@@ -175,9 +175,9 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
         "fixed_window",
         include_str!("../../lua/fixed_window.lua"),
         Some(include_str!("../../lua/fixed_window_batch.lua")),
-        LuaScript::new(
+        LuaScript::refund(
             "fixed_window_refund",
-            include_str!("../../lua/fixed_window_refund.lua").into(),
+            include_str!("../../lua/fixed_window_refund.lua"),
         ),
     )
 });

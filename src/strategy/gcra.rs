@@ -104,10 +104,7 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
         "gcra",
         include_str!("../../lua/gcra.lua"),
         Some(include_str!("../../lua/gcra_batch.lua")),
-        LuaScript::new(
-            "gcra_refund",
-            include_str!("../../lua/gcra_refund.lua").into(),
-        ),
+        LuaScript::refund("gcra_refund", include_str!("../../lua/gcra_refund.lua")),
     )
 });
 

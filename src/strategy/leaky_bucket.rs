@@ -110,9 +110,9 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
         "leaky_bucket",
         include_str!("../../lua/leaky_bucket.lua"),
         Some(include_str!("../../lua/leaky_bucket_batch.lua")),
-        LuaScript::new(
+        LuaScript::refund(
             "leaky_bucket_refund",
-            include_str!("../../lua/leaky_bucket_refund.lua").into(),
+            include_str!("../../lua/leaky_bucket_refund.lua"),
         ),
     )
 });

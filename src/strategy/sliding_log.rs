@@ -191,9 +191,9 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
         "sliding_log",
         include_str!("../../lua/sliding_log.lua"),
         Some(include_str!("../../lua/sliding_log_batch.lua")),
-        LuaScript::new(
+        LuaScript::refund(
             "sliding_log_refund",
-            include_str!("../../lua/sliding_log_refund.lua").into(),
+            include_str!("../../lua/sliding_log_refund.lua"),
         ),
     );
     // The request id is `ARGV[3]` of `lua/sliding_log.lua`.

@@ -223,9 +223,9 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
         "sliding_window",
         include_str!("../../lua/sliding_window.lua"),
         Some(include_str!("../../lua/sliding_window_batch.lua")),
-        LuaScript::new(
+        LuaScript::refund(
             "sliding_window_refund",
-            include_str!("../../lua/sliding_window_refund.lua").into(),
+            include_str!("../../lua/sliding_window_refund.lua"),
         ),
     )
 });

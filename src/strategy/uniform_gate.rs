@@ -72,9 +72,9 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
         "uniform_gate",
         include_str!("../../lua/uniform_gate.lua"),
         None,
-        LuaScript::new(
+        LuaScript::refund(
             "uniform_gate_refund",
-            include_str!("../../lua/uniform_gate_refund.lua").into(),
+            include_str!("../../lua/uniform_gate_refund.lua"),
         ),
     )
 });

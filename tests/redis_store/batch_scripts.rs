@@ -26,9 +26,13 @@ impl Dice {
     }
 }
 
-/// Before a lone decision script's text: its `dry_run` argument as the
-/// store passes it to a charge (lua/timed.lua).
-const CHARGING: &str = "local dry_run = false\n";
+/// Before a lone decision script's text: the helpers the store puts first
+/// (lua/prelude.lua), and its `dry_run` argument as the store passes it to a
+/// charge (lua/timed.lua).
+const CHARGING: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "local dry_run = false\n"
+);
 
 /// Lets a script's PEXPIREs be compared exactly: each also SETs
 /// `px|<key>` to the milliseconds it was given.
@@ -36,7 +40,8 @@ const CHARGING: &str = "local dry_run = false\n";
 /// store does (see src/store/redis/script.rs), with PEXPIRE recorded.
 fn shimmed_batch(own: &str) -> String {
     format!(
-        "{PEXPIRE_SHIM}{}\n{own}\n{}",
+        "{PEXPIRE_SHIM}{}{}\n{own}\n{}",
+        include_str!("../../lua/prelude.lua"),
         include_str!("../../lua/batch_prelude.lua"),
         include_str!("../../lua/batch.lua")
     )
@@ -355,7 +360,7 @@ fn the_concurrency_batch_with_releases_decides_and_writes_what_its_lone_scripts_
         include_str!("../../lua/concurrency.lua")
     );
     let release = format!(
-        "{PEXPIRE_SHIM}{}",
+        "{PEXPIRE_SHIM}{CHARGING}{}",
         include_str!("../../lua/concurrency_release.lua")
     );
     let batch = shimmed_batch(include_str!("../../lua/concurrency_batch.lua"));

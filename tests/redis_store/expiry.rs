@@ -129,9 +129,11 @@ async fn sliding_log_scores_do_not_concatenate_seconds_and_micros() {
           if cmd == 'TIME' then return {'1700000000', '5000'} end\n\
           return real.call(cmd, ...)\n\
         end }, { __index = real })\n";
-    // A charge: the store passes the script `dry_run` false (lua/timed.lua).
+    // A charge, after the helpers the store puts first (lua/prelude.lua):
+    // the store passes the script `dry_run` false (lua/timed.lua).
     let source = format!(
-        "{shim}local dry_run = false\n{}",
+        "{shim}{}local dry_run = false\n{}",
+        include_str!("../../lua/prelude.lua"),
         include_str!("../../lua/sliding_log.lua")
     );
     let prefix = unique_prefix("concat");

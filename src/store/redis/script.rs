@@ -168,6 +168,12 @@ impl LuaScript {
         Self::new(name, packed(source))
     }
 
+    /// A strategy's refund (or other give-back) script, after the
+    /// helpers every strategy's script may use (`lua/prelude.lua`).
+    pub(crate) fn refund(name: &'static str, source: &str) -> Self {
+        Self::new(name, format!("{PRELUDE}{source}"))
+    }
+
     /// A script flagged read-only, so Redis refuses any write and lets
     /// replicas run it (`EVALSHA_RO`).
     pub(crate) fn read_only(name: &'static str, source: &str) -> Self {
@@ -188,7 +194,9 @@ impl LuaScript {
     pub(crate) fn dry_run(name: &'static str, source: &str) -> Self {
         Self::read_only(
             name,
-            &(as_function("decide", source) + include_str!("../../../lua/peek.lua")),
+            &(PRELUDE.to_owned()
+                + &as_function("decide", source)
+                + include_str!("../../../lua/peek.lua")),
         )
     }
 
@@ -212,7 +220,7 @@ impl LuaScript {
         Self::new(
             name,
             format!(
-                "{}\n{decide_and_flush}\n{}",
+                "{PRELUDE}{}\n{decide_and_flush}\n{}",
                 include_str!("../../../lua/batch_prelude.lua"),
                 include_str!("../../../lua/batch.lua")
             ),
@@ -295,13 +303,16 @@ fn as_function(name: &str, source: &str) -> String {
 
 /// `source` as the function `decide`, its reply packed by `lua/packed.lua`.
 fn packed(source: &str) -> String {
-    as_function("decide", source) + include_str!("../../../lua/packed.lua")
+    PRELUDE.to_owned() + &as_function("decide", source) + include_str!("../../../lua/packed.lua")
 }
 
 /// `source` as the function `decide`, run by `lua/timed.lua`.
 fn timed(source: &str) -> String {
-    as_function("decide", source) + include_str!("../../../lua/timed.lua")
+    PRELUDE.to_owned() + &as_function("decide", source) + include_str!("../../../lua/timed.lua")
 }
+
+/// What every strategy's script starts with: the helpers they share.
+const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
 /// The scripts every strategy shares; each strategy's own are in its file
 /// (`strategy/<name>.rs`), as a [`Trio`].
