@@ -55,9 +55,13 @@
 //!   with `ZOO_BENCH=1`; the second only with Redis): that handler behind
 //!   five prebuilt `X-RateLimit-*` headers, or after one Redis `PING`: the
 //!   floors a limiter's cost and latency are read against.
-//! - `GET /strategies/fixed_window_no_headers` (only with `ZOO_BENCH=1`):
-//!   the fixed window sending no rate-limit headers, as in-memory peers
-//!   answer a pass.
+//! - `GET /strategies/{fixed_window,gcra,sliding_window}_no_headers` (only
+//!   with `ZOO_BENCH=1`): those strategies sending no rate-limit headers, as
+//!   in-memory peers answer a pass.
+//! - `GET /strategies/governor` and `GET /strategies/governor_headers` (only
+//!   with `ZOO_BENCH=1`): the in-memory peer, tower_governor, keyed by peer
+//!   IP at the same rate and burst, without and with its `use_headers()`
+//!   (`zoo_parts/bench.rs`).
 //! - `GET /tiers/tigerfeeding`: tiers, as GitHub's API (`zoo_parts/tiers.rs`).
 //! - `POST /login`: `X-Password: stripes` logs in; only failed attempts are
 //!   counted, `ZOO_LOGIN_FAILURES` (3) per `ZOO_LOGIN_WINDOW_SECS` (60) per
@@ -86,6 +90,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 #[path = "zoo_parts/accounts.rs"]
 mod accounts;
+#[path = "zoo_parts/bench.rs"]
+mod bench;
 #[path = "zoo_parts/holding.rs"]
 mod holding;
 #[path = "zoo_parts/instant.rs"]
@@ -338,25 +344,15 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         names.push('\n');
     }
     if settings.bench {
-        // The fixed window without headers, as the in-memory peers answer a
-        // pass: what the decision costs apart from GitHub's headers.
-        let policy = lineup::lineup(settings.quota)
-            .into_iter()
-            .find(|p| p.name() == "fixed_window")
-            .ok_or("the lineup has no fixed window")?;
-        let limit = RateLimitLayer::builder()
-            .headers(dialect())
-            .policy(policy)
-            .shared_store(store.clone())
-            .key(key.clone())
-            .headers(RateLimitHeaders::NONE)
-            .build()
-            .map_err(|e| format!("fixed_window_no_headers: {e}"))?;
-        router = router.route(
-            "/strategies/fixed_window_no_headers",
-            get(tigerfeeding).layer(limit),
-        );
-        names.push_str("fixed_window_no_headers\n");
+        let bench = bench::routes(
+            settings.quota,
+            store.clone(),
+            key.clone(),
+            settings.redis_url.as_deref(),
+        )
+        .await?;
+        router = router.merge(bench.router);
+        names.push_str(&bench.names);
     }
     router = router.route("/strategies", get(move || async move { names }));
     // Every limit the admin route may reset: the routes' and the tiers'.
@@ -376,24 +372,6 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         key.clone(),
         resettable,
     )?);
-    if settings.bench {
-        // The baseline at the limited routes' depth, so the comparison
-        // differs in the limiter alone, not in routing a longer path.
-        router = router
-            .route("/unlimited", get(tigerfeeding))
-            .route("/strategies/unlimited", get(tigerfeeding))
-            .route(
-                "/strategies/identity_layer",
-                get(tigerfeeding).layer(tower::util::MapResponseLayer::new(identity)),
-            )
-            .route(
-                "/strategies/headers_only",
-                get(tigerfeeding).layer(tower::util::MapResponseLayer::new(headers_only)),
-            );
-        if let Some(url) = &settings.redis_url {
-            router = router.route("/strategies/redis_ping", redis_ping(url).await?);
-        }
-    }
     Ok(router
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
@@ -411,69 +389,6 @@ async fn redis_store(
         builder = builder.calls_in_flight(calls);
     }
     Ok(builder.build()?)
-}
-
-/// The layer of `/strategies/identity_layer`: hands the response back as is.
-fn identity(response: Response) -> Response {
-    response
-}
-
-/// The floor under any limiter that sends GitHub's headers (`ZOO_BENCH=1`):
-/// the same five `X-RateLimit-*` headers, prebuilt, on every response, and
-/// nothing decided. What a limited route costs beyond this is the limiter's.
-fn headers_only(mut response: Response) -> Response {
-    use axum::http::{HeaderName, HeaderValue};
-    static HEADERS: [(HeaderName, HeaderValue); 5] = [
-        (
-            HeaderName::from_static("x-ratelimit-limit"),
-            HeaderValue::from_static("3600000000"),
-        ),
-        (
-            HeaderName::from_static("x-ratelimit-remaining"),
-            HeaderValue::from_static("3599999999"),
-        ),
-        (
-            HeaderName::from_static("x-ratelimit-used"),
-            HeaderValue::from_static("1"),
-        ),
-        (
-            HeaderName::from_static("x-ratelimit-reset"),
-            HeaderValue::from_static("1795000000"),
-        ),
-        (
-            HeaderName::from_static("x-ratelimit-resource"),
-            HeaderValue::from_static("headers_only"),
-        ),
-    ];
-    let headers = response.headers_mut();
-    headers.reserve(HEADERS.len());
-    for (name, value) in &HEADERS {
-        headers.insert(name.clone(), value.clone());
-    }
-    response
-}
-
-/// The handler after one `PING` to Redis (`ZOO_BENCH=1` with `REDIS_URL`):
-/// a Redis round trip as this server sees it, at the load it is under, for
-/// the latency a limiter adds to be compared with.
-async fn redis_ping(url: &str) -> Result<axum::routing::MethodRouter<Zoo>, String> {
-    let info = redis::IntoConnectionInfo::into_connection_info(url)
-        .map_err(|e| e.to_string())?
-        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-    let conn = redis::Client::open(info)
-        .map_err(|e| e.to_string())?
-        .get_connection_manager()
-        .await
-        .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?;
-    Ok(get(move |headers: HeaderMap| {
-        let mut conn = conn.clone();
-        async move {
-            match redis::cmd("PING").query_async::<String>(&mut conn).await {
-                Ok(_) => tigerfeeding(headers).await,
-                Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-            }
-        }
-    }))
 }
 
 /// On one core (say under `taskset`) a current-thread runtime, else Tokio's

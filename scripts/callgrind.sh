@@ -21,7 +21,9 @@
 # valgrind, so at 64 connections decisions queue and batch more than on a
 # native Redis (about ten a call, shown from `INFO commandstats`): compare
 # strategies and commits with it, not absolute costs.
-# The dumps stay in bench-out/callgrind/ for callgrind_annotate.
+# The dumps stay in bench-out/callgrind/ for callgrind_annotate, one per
+# store, route and ZOO_LIMIT. The peers' routes count the same way:
+#   scripts/callgrind.sh /strategies/governor /strategies/governor_headers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -107,7 +109,8 @@ for route in "$@"; do
   fi
   dump=$(ls -t "$out"/"$CG_PROCESS"."$target".* | head -1)
   instructions=$(awk '/^(summary|totals):/ { print $2; exit }' "$dump")
-  name="$out/$CG_PROCESS-$LOAD_STORE$(echo "$route" | tr / _)"
+  # A rejecting run (ZOO_LIMIT set) is named apart, not over the passing one.
+  name="$out/$CG_PROCESS-$LOAD_STORE${ZOO_LIMIT:+-limit$ZOO_LIMIT}$(echo "$route" | tr / _)"
   mv "$dump" "$name"
   echo "$route  requests: $served$calls  instructions per request: $((instructions / served))  ($name)"
 done

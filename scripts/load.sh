@@ -17,7 +17,10 @@
 #     that does nothing: what being an axum layer costs),
 #     /strategies/headers_only (the floor: that handler with a
 #     middleware adding five prebuilt X-RateLimit-* headers, nothing
-#     decided) and every strategy, with
+#     decided), tower_governor beside the memory store
+#     (/strategies/governor, and /strategies/governor_headers with its
+#     use_headers(): the in-memory peer, keyed by peer IP at the same rate)
+#     and every strategy, with
 #     a budget nothing can spend (pass) and with a budget of 1 (reject: all
 #     but the first request get a 429), on the memory store and on Redis,
 #     LOAD_CONNS (64) connections;
@@ -183,11 +186,12 @@ measure() {
     }' >>"$results"
 }
 
-# floors STORE: the routes every strategy is read against (examples/zoo.rs):
-# no limiter, a layer that does nothing, the headers alone, and with Redis
-# one PING per request.
+# floors STORE: the routes every strategy is read against
+# (examples/zoo_parts/bench.rs): no limiter, a layer that does nothing, the
+# headers alone, and with Redis one PING per request; beside the memory
+# store, the in-memory peer tower_governor without and with its headers.
 floors() {
-  if [ "$1" = redis ]; then echo "unlimited identity_layer headers_only redis_ping"; else echo "unlimited identity_layer headers_only"; fi
+  if [ "$1" = redis ]; then echo "unlimited identity_layer headers_only redis_ping"; else echo "unlimited identity_layer headers_only governor governor_headers"; fi
 }
 
 # serve STORE OUTCOME LIMIT: start the zoo, measure every route, stop it.
@@ -319,6 +323,8 @@ for store in $stores; do
         [ "$route" = identity_layer ] && t=- ok="floor: a layer that does nothing"
         [ "$route" = headers_only ] && t=- ok="floor: the headers alone"
         [ "$route" = redis_ping ] && t=- ok="floor: one PING per request"
+        [ "$route" = governor ] && t=- ok="peer: tower_governor, no headers"
+        [ "$route" = governor_headers ] && t=- ok="peer: tower_governor, use_headers() (2 headers)"
         # A pass run that mostly got 429s (the uniform gate passes at most one
         # call per millisecond per caller) measured the rejection path.
         if [ "$outcome" = pass ] && awk -v x="$(share $store $outcome full "$route")" 'BEGIN { exit !(x > 0.01) }'; then
@@ -336,6 +342,23 @@ for store in $stores; do
   done
 done
 echo
+if [[ " $stores " == *" memory "* ]]; then
+  # The in-memory peer beside the strategies it competes with, by header load.
+  echo "### tollgate beside tower_governor (memory store, $LOAD_CONNS connections, ratio of req/CPU-s to /unlimited)"
+  echo
+  echo "| headers | route | passing | rejecting |"
+  echo "|---|---|---:|---:|"
+  for route in governor $names governor_headers $names; do
+    case $route in
+      governor) headers=none ;;
+      governor_headers) headers="2 (governor) / 5 (GitHub)" ;;
+      *_no_headers) [ "$headers" = none ] || continue ;;
+      *) [ "$headers" != none ] || continue ;;
+    esac
+    echo "| $headers | $route | $(ratio memory pass full "$route" 13) | $(ratio memory reject full "$route" 13) |"
+  done
+  echo
+fi
 rtt_us=$(awk -v m="$rtt_ms" 'BEGIN { printf "%.0f", m * 1000 }')
 for conns in $MODERATE_CONNS; do
   load=m$conns
@@ -359,6 +382,7 @@ for conns in $MODERATE_CONNS; do
       case $route in
         unlimited) a= ;;
         identity_layer | headers_only | redis_ping) a= ok=floor ;;
+        governor | governor_headers) a= ok=peer ;;
         *) ok=$([ $((p99 - base99)) -le "$allowed" ] && echo yes || echo "**no**") ;;
       esac
       echo "| $store | $route | $(fig $store pass $load "$route" 6) | $(busy $store pass $load "$route") | $(ms "$p50") | $(ms "$p99") | $((p50 - base50)) | $((p99 - base99)) | $a | $ok |"

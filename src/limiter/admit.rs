@@ -82,8 +82,11 @@ impl Limiter {
 
     fn record(&self, verdict: Verdict, outcome: Outcome, span: &tracing::Span) -> Verdict {
         self.metrics.decision(outcome);
-        span.record("outcome", outcome.as_str());
-        tracing::debug!(parent: span, "rate limit decision");
+        // Recording into a disabled span still walks its fields: skipped.
+        if !span.is_disabled() {
+            span.record("outcome", outcome.as_str());
+            tracing::debug!(parent: span, "rate limit decision");
+        }
         verdict
     }
 
@@ -227,7 +230,9 @@ impl Limiter {
         }
         let mut decision = decision;
         decision.fallback = decider == Decider::Fallback;
-        span.record("remaining", decision.remaining);
+        if !span.is_disabled() {
+            span.record("remaining", decision.remaining);
+        }
         let outcome = match (decision.allowed, decider) {
             (true, Decider::Main) => Outcome::Allowed,
             (true, Decider::Fallback) => Outcome::Fallback,

@@ -257,6 +257,33 @@ impl Shard {
         }
     }
 
+    /// Reads `key`'s live state (`None` when absent or expired) and writes
+    /// the state and expiry (µs) `decide` returns beside its answer (`None`
+    /// leaves the entry as it is). One hash and probe for a key already
+    /// stored, where [`get`](Self::get) then [`put`](Self::put) take two: a
+    /// hot key's decision.
+    pub(crate) fn update<T>(
+        &mut self,
+        key: &str,
+        now: u64,
+        decide: impl FnOnce(Option<&State>) -> (T, Option<(State, u64)>),
+    ) -> T {
+        if let Some(entry) = self.entries.get_mut(key) {
+            let live = (entry.expires_at > now).then_some(&entry.state);
+            let (answer, write) = decide(live);
+            if let Some((state, expires_at)) = write {
+                *entry = Entry { expires_at, state };
+            }
+            return answer;
+        }
+        let (answer, write) = decide(None);
+        if let Some((state, expires_at)) = write {
+            self.entries
+                .insert(key.to_owned(), Entry { expires_at, state });
+        }
+        answer
+    }
+
     /// The live state under `key`, with its expiry (µs), to change in
     /// place: a strategy may move its state out and leave an empty one, so
     /// the key's name is not given up and allocated again.

@@ -116,6 +116,21 @@ pub(crate) fn decide_windows(
     cost: u64,
     check: impl FnOnce(&mut [Option<Window>], &[Quota], u64, u64) -> Decision,
 ) -> Decision {
+    if let [quota] = policy.quotas() {
+        // One window: read and written in one lookup.
+        return shard.update(keys.first(), now, |live| {
+            let mut window = [match live {
+                Some(State::Window(w)) => Some(*w),
+                _ => None,
+            }];
+            let decision = check(&mut window, std::slice::from_ref(quota), now, cost);
+            let charged = (decision.allowed && cost > 0)
+                .then_some(window[0])
+                .flatten();
+            let write = charged.map(|w| (State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS));
+            (decision, write)
+        });
+    }
     with_slots(policy.quotas().len(), |windows| {
         for (slot, k) in windows.iter_mut().zip(keys.iter()) {
             if let Some(State::Window(w)) = shard.get(k, now) {

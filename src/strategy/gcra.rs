@@ -153,15 +153,18 @@ impl Algorithm for Gcra {
         cost: u64,
     ) -> Decision {
         let burst = burst_of(policy.strategy());
-        let mut tat = match shard.get(keys.first(), now) {
-            Some(State::Tat(at)) => Some(*at),
-            _ => None,
-        };
-        let decision = check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
-        if let (true, Some(at)) = (decision.allowed && cost > 0, tat) {
-            shard.put(keys.first(), State::Tat(at), at + EXPIRY_GRACE_MICROS);
-        }
-        decision
+        shard.update(keys.first(), now, |live| {
+            let mut tat = match live {
+                Some(State::Tat(at)) => Some(*at),
+                _ => None,
+            };
+            let decision = check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
+            let charged = (decision.allowed && cost > 0).then_some(tat).flatten();
+            (
+                decision,
+                charged.map(|at| (State::Tat(at), at + EXPIRY_GRACE_MICROS)),
+            )
+        })
     }
 
     fn give_back(

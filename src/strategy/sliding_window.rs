@@ -262,6 +262,24 @@ impl Algorithm for SlidingWindow {
         now: u64,
         cost: u64,
     ) -> Decision {
+        if let [quota] = policy.quotas() {
+            // One counter: read and written in one lookup.
+            return shard.update(keys.first(), now, |live| {
+                let mut counter = [match live {
+                    Some(State::Counter(c)) => Some(*c),
+                    _ => None,
+                }];
+                let decision = check(&mut counter, std::slice::from_ref(quota), now, cost);
+                let charged = (decision.allowed && cost > 0)
+                    .then_some(counter[0])
+                    .flatten();
+                let write = charged.map(|c| {
+                    let expires_at = c.stale_at(quota.window_micros()) + EXPIRY_GRACE_MICROS;
+                    (State::Counter(c), expires_at)
+                });
+                (decision, write)
+            });
+        }
         with_slots(policy.quotas().len(), |counters| {
             for (slot, k) in counters.iter_mut().zip(keys.iter()) {
                 if let Some(State::Counter(c)) = shard.get(k, now) {

@@ -1,0 +1,161 @@
+//! The zoo's bench routes (`ZOO_BENCH=1`), all at `/strategies/{name}`'s
+//! depth and on the same handler, so that they differ from the limited
+//! routes in the layer alone: the floors a limiter is read against, the
+//! strategies without headers, and the in-memory peer, tower_governor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, MethodRouter};
+use axum::Router;
+use tollgate::headers::RateLimitHeaders;
+use tollgate::{KeyExtractor, Quota, RateLimitLayer, Store};
+use tower::util::MapResponseLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::GovernorLayer;
+
+use super::{lineup, tigerfeeding, Zoo};
+
+/// The strategies also served without rate-limit headers, as the
+/// in-memory peers answer: `/strategies/{name}_no_headers`.
+const WITHOUT_HEADERS: [&str; 3] = ["fixed_window", "gcra", "sliding_window"];
+
+/// The routes `scripts/load.sh` reads as strategies (listed by
+/// `/strategies`), and the floors and peers it always runs beside them.
+pub struct Bench {
+    pub router: Router<Zoo>,
+    /// Names to list under `/strategies`, one a line.
+    pub names: String,
+}
+
+/// The bench routes: the floors, each of [`WITHOUT_HEADERS`] without
+/// headers under `quota`, keyed by `key`, and tower_governor keyed by peer
+/// IP at the same rate (the same budget: passing, or spent after one
+/// request, as the strategies').
+pub async fn routes(
+    quota: Quota,
+    store: Arc<dyn Store>,
+    key: Arc<dyn KeyExtractor>,
+    redis_url: Option<&str>,
+) -> Result<Bench, String> {
+    let mut router = Router::new()
+        .route("/unlimited", get(tigerfeeding))
+        .route("/strategies/unlimited", get(tigerfeeding))
+        .route(
+            "/strategies/identity_layer",
+            get(tigerfeeding).layer(MapResponseLayer::new(identity)),
+        )
+        .route(
+            "/strategies/headers_only",
+            get(tigerfeeding).layer(MapResponseLayer::new(headers_only)),
+        );
+    if let Some(url) = redis_url {
+        router = router.route("/strategies/redis_ping", redis_ping(url).await?);
+    }
+    let mut names = String::new();
+    for policy in lineup::lineup(quota) {
+        if !WITHOUT_HEADERS.contains(&policy.name()) {
+            continue;
+        }
+        let name = format!("{}_no_headers", policy.name());
+        let limit = RateLimitLayer::builder()
+            .policy(policy)
+            .shared_store(store.clone())
+            .key(key.clone())
+            .headers(RateLimitHeaders::NONE)
+            .build()
+            .map_err(|e| format!("{name}: {e}"))?;
+        router = router.route(
+            &format!("/strategies/{name}"),
+            get(tigerfeeding).layer(limit),
+        );
+        names.push_str(&name);
+        names.push('\n');
+    }
+    router = router
+        .route("/strategies/governor", governor(quota, false)?)
+        .route("/strategies/governor_headers", governor(quota, true)?);
+    Ok(Bench { router, names })
+}
+
+/// tower_governor's GCRA at `quota`'s rate (one unit every `window /
+/// limit`) with a burst of `limit`, keyed by the peer's IP; with
+/// `use_headers()` (`x-ratelimit-limit` and `-remaining` on a pass) when
+/// `headers`.
+fn governor(quota: Quota, headers: bool) -> Result<MethodRouter<Zoo>, String> {
+    let period = (quota.window() / quota.limit()).max(Duration::from_nanos(1));
+    let mut builder = GovernorConfigBuilder::default();
+    builder.period(period).burst_size(quota.limit());
+    let invalid = || format!("tower_governor refuses {quota:?}");
+    Ok(if headers {
+        let config = builder.use_headers().finish().ok_or_else(invalid)?;
+        get(tigerfeeding).layer(GovernorLayer::new(config))
+    } else {
+        let config = builder.finish().ok_or_else(invalid)?;
+        get(tigerfeeding).layer(GovernorLayer::new(config))
+    })
+}
+
+/// The layer of `/strategies/identity_layer`: hands the response back as is.
+fn identity(response: Response) -> Response {
+    response
+}
+
+/// The floor under any limiter that sends GitHub's headers: the same five
+/// `X-RateLimit-*` headers, prebuilt, on every response, and nothing
+/// decided. What a limited route costs beyond this is the limiter's.
+fn headers_only(mut response: Response) -> Response {
+    static HEADERS: [(HeaderName, HeaderValue); 5] = [
+        (
+            HeaderName::from_static("x-ratelimit-limit"),
+            HeaderValue::from_static("3600000000"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-remaining"),
+            HeaderValue::from_static("3599999999"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-used"),
+            HeaderValue::from_static("1"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-reset"),
+            HeaderValue::from_static("1795000000"),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-resource"),
+            HeaderValue::from_static("headers_only"),
+        ),
+    ];
+    let headers = response.headers_mut();
+    headers.reserve(HEADERS.len());
+    for (name, value) in &HEADERS {
+        headers.insert(name.clone(), value.clone());
+    }
+    response
+}
+
+/// The handler after one `PING` to Redis (with `REDIS_URL`): a Redis round
+/// trip as this server sees it, at the load it is under, for the latency a
+/// limiter adds to be compared with.
+async fn redis_ping(url: &str) -> Result<MethodRouter<Zoo>, String> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| e.to_string())?
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    let conn = redis::Client::open(info)
+        .map_err(|e| e.to_string())?
+        .get_connection_manager()
+        .await
+        .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?;
+    Ok(get(move |headers: HeaderMap| {
+        let mut conn = conn.clone();
+        async move {
+            match redis::cmd("PING").query_async::<String>(&mut conn).await {
+                Ok(_) => tigerfeeding(headers).await,
+                Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+            }
+        }
+    }))
+}
