@@ -1,5 +1,6 @@
 -- tollgate: the helpers every strategy's script shares (its decision, the
--- no-writes twin, the batch and the refund). The store puts this file first.
+-- no-writes twin, the batch and the refund). The store puts this file first
+-- (in a lone decision, first inside its function `decide`).
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it

@@ -1,6 +1,8 @@
 #!lua flags=no-writes
+local function decide(KEYS, ARGV, dry_run)
 -- tollgate: the helpers every strategy's script shares (its decision, the
--- no-writes twin, the batch and the refund). The store puts this file first.
+-- no-writes twin, the batch and the refund). The store puts this file first
+-- (in a lone decision, first inside its function `decide`).
 
 -- A number as Redis should store it: every digit, never an exponent. An
 -- integer, nearly every number here, takes '%d': Redis's Lua formats it
@@ -9,7 +11,6 @@ local function int(x)
   if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
   return string.format('%.0f', x)
 end
-local function decide(KEYS, ARGV, dry_run)
 -- tollgate: the uniform gate, one call per caller per span.
 -- Mirrors src/strategy/uniform_gate.rs; change both together.
 --

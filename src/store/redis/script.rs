@@ -194,9 +194,7 @@ impl LuaScript {
     pub(crate) fn dry_run(name: &'static str, source: &str) -> Self {
         Self::read_only(
             name,
-            &(PRELUDE.to_owned()
-                + &as_function("decide", source)
-                + include_str!("../../../lua/peek.lua")),
+            &(as_decide(source) + include_str!("../../../lua/peek.lua")),
         )
     }
 
@@ -301,14 +299,23 @@ fn as_function(name: &str, source: &str) -> String {
     format!("local function {name}(KEYS, ARGV, dry_run)\n{source}\nend\n")
 }
 
+/// A lone script `source` as the function `decide(KEYS, ARGV, dry_run)`,
+/// the prelude (`lua/prelude.lua`) inside it, first: its helpers are then
+/// the function's own locals, as cheap to call as if the script defined
+/// them itself (as upvalues they cost every lone call 1 to 4 per cent more
+/// in Redis).
+fn as_decide(source: &str) -> String {
+    as_function("decide", &format!("{PRELUDE}{source}"))
+}
+
 /// `source` as the function `decide`, its reply packed by `lua/packed.lua`.
 fn packed(source: &str) -> String {
-    PRELUDE.to_owned() + &as_function("decide", source) + include_str!("../../../lua/packed.lua")
+    as_decide(source) + include_str!("../../../lua/packed.lua")
 }
 
 /// `source` as the function `decide`, run by `lua/timed.lua`.
 fn timed(source: &str) -> String {
-    PRELUDE.to_owned() + &as_function("decide", source) + include_str!("../../../lua/timed.lua")
+    as_decide(source) + include_str!("../../../lua/timed.lua")
 }
 
 /// What every strategy's script starts with: the helpers they share.

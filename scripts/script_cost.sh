@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# What each strategy's script costs Redis, in instructions, counted by
+# callgrind in redis-server: deterministic, so two commits compare in one
+# sitting however busy the machine is.
+#
+#   scripts/script_cost.sh                 # the scripts in lua/sent/
+#   scripts/script_cost.sh dbd40f5 HEAD    # each commit's lua/sent/, side by side
+#
+# For every strategy: a lone decision (EVALSHA of lua/sent/<strategy>.lua),
+# its peek (the no-writes twin, unflagged so any server runs it), and a
+# batch of ten decisions of one caller (lua/sent/<strategy>_batch.lua, the
+# flood the batcher sends), per decision. Each is sent CS_CALLS (5,000)
+# times by redis-benchmark from one connection, after a warm-up, to a
+# private redis-server under valgrind on a free port; the figure is the
+# server's instructions divided by the decisions. Quotas are wide, so every
+# decision passes and writes, as most do. Compare commits, not absolute
+# costs: the zoo's traffic (scripts/callgrind.sh CG_PROCESS=redis) mixes
+# passes, rejections and batch sizes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CS_CALLS=${CS_CALLS:-5000}
+for tool in valgrind callgrind_control redis-server redis-cli redis-benchmark; do
+  command -v "$tool" >/dev/null || { echo "script_cost.sh: $tool is required" >&2; exit 2; }
+done
+revs=("$@")
+[ ${#revs[@]} -gt 0 ] || revs=(worktree)
+
+out=bench-out/script-cost
+mkdir -p "$out"
+port=$((20000 + RANDOM % 12000))
+valgrind --tool=callgrind --callgrind-out-file="$out/redis.%p" \
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --logfile /dev/null \
+  >"$out/valgrind.log" 2>&1 &
+redis=$!
+trap 'kill $redis 2>/dev/null || true; wait 2>/dev/null || true' EXIT INT TERM
+for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+
+# The text of lua/sent/$2 at commit $1 (the work tree's for "worktree").
+sent() {
+  if [ "$1" = worktree ]; then cat "lua/sent/$2"; else git show "$1:lua/sent/$2"; fi
+}
+
+# Instructions per decision of `redis-benchmark ARGS...`, DECISIONS per call.
+measure() {
+  local decisions=$1 dump total
+  shift
+  redis-benchmark -p "$port" -c 1 -n 200 "$@" >/dev/null
+  callgrind_control -z "$redis" >/dev/null 2>&1
+  redis-benchmark -p "$port" -c 1 -n "$CS_CALLS" "$@" >/dev/null
+  callgrind_control -d "$redis" >/dev/null 2>&1
+  sleep 0.3
+  dump=$(ls -t "$out"/redis."$redis".* | head -1)
+  total=$(awk '/^(summary|totals):/ { print $2; exit }' "$dump")
+  rm -f "$dump"
+  echo $((total / CS_CALLS / decisions))
+}
+
+# Each strategy's keys and arguments for one decision that passes.
+declare -A KEYS=(
+  [fixed_window]=1 [aligned_window]=1 [sliding_window]=1 [gcra]=1
+  [leaky_bucket]=1 [uniform_gate]=1 [concurrency]=1 [sliding_log]=2
+)
+declare -A ARGS=(
+  [fixed_window]="-1 1 1000000000 3600000000"
+  [aligned_window]="-1 1 1000000000 3600000000"
+  [sliding_window]="-1 1 1000000000 3600000000"
+  [gcra]="-1 1 1 1000000000"
+  [leaky_bucket]="-1 1 1000000000 1"
+  [uniform_gate]="-1 1 0 0"
+  [concurrency]="-1 1 1000000000 60000000 42"
+  [sliding_log]="-1 1 42 1000000000 1000 1000000000 1000"
+)
+strategies="fixed_window aligned_window sliding_window gcra leaky_bucket uniform_gate concurrency sliding_log"
+
+printf '%-16s' strategy
+for rev in "${revs[@]}"; do printf '%12s %12s %12s' "lone@$rev" "peek@$rev" "batch@$rev"; done
+echo
+for s in $strategies; do
+  printf '%-16s' "$s"
+  nk=${KEYS[$s]}
+  keys=()
+  for i in $(seq "$nk"); do keys+=("cost:{$s}:$i"); done
+  read -ra args <<<"${ARGS[$s]}"
+  for rev in "${revs[@]}"; do
+    lone=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "$s.lua")")
+    peek=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${s}_peek.noflags.lua")")
+    batch=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${s}_batch.lua")")
+    redis-cli -p "$port" FLUSHALL >/dev/null
+    a=$(measure 1 EVALSHA "$lone" "$nk" "${keys[@]}" "${args[@]}")
+    b=$(measure 1 EVALSHA "$peek" "$nk" "${keys[@]}" "${args[@]}")
+    # Ten decisions of one caller: the first with its keys and arguments,
+    # then nine '=' (lua/batch.lua).
+    c=$(measure 10 EVALSHA "$batch" "$nk" "${keys[@]}" 10 0 "$nk" "${#args[@]}" "${args[@]}" = = = = = = = = =)
+    printf '%12s %12s %12s' "$a" "$b" "$c"
+  done
+  echo
+done
