@@ -8,9 +8,12 @@
 //! state's handling, its scripts and how their arguments are encoded and
 //! their replies read, its refund, its flags. The stores reach it only
 //! through [`Algorithm`], found by [`Strategy::algorithm`]. A new strategy
-//! is that file, its Lua, its conformance rows, a variant of [`Strategy`]
-//! and of the memory store's `State`, and a line in [`ALL`] and in
-//! [`Strategy::algorithm`].
+//! is that file, its Lua (`lua/<name>.lua`, the body of a function
+//! `decide(KEYS, ARGV, dry_run)`; optionally `lua/<name>_batch.lua`, a batch
+//! that reads and writes each key once per call), its conformance rows, a
+//! variant of [`Strategy`], a [`Policy`] constructor, and a line in [`ALL`]
+//! and in [`Strategy::algorithm`]; `docs/strategies.md` says how the
+//! scripts are put together.
 
 pub(crate) mod aligned_window;
 pub(crate) mod concurrency;
@@ -44,9 +47,9 @@ pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
 ///
 /// Each variant documents what `X-RateLimit-Remaining` and `-Reset` mean for
 /// it, and what it costs in Redis. The constructors on
-/// [`Policy`] (`fixed_window`, `uniform_gate`, `sliding_log`,
-/// `sliding_window`, `gcra`, `leaky_bucket`, `concurrency`) are the usual way
-/// to pick one.
+/// [`Policy`] (`fixed_window`, `aligned_window`, `uniform_gate`,
+/// `sliding_log`, `sliding_window`, `gcra`, `leaky_bucket`, `concurrency`)
+/// are the usual way to pick one.
 ///
 /// ```
 /// use std::num::NonZeroU32;
