@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | [`tollgate_decisions_total`](DECISIONS) | counter | `policy`, `outcome` | one per request, by what happened to it |
 //! | [`tollgate_store_errors_total`](STORE_ERRORS) | counter | `policy`, `kind` | store calls (checks and refunds) that failed or missed the deadline; `kind` is `timeout`, `unavailable`, `protocol` or `rejected` |
-//! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on the main store per decision, failures and timeouts included; 0 for an in-process store, which answers without waiting |
+//! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on a main store that is awaited (Redis, or a store of yours without [`check_now`](crate::Store::check_now)) per decision, failures and timeouts included; an in-process store (the memory store) answers without waiting and is not timed |
 //! | [`tollgate_local_cache_hits_total`](LOCAL_CACHE_HITS) | counter | `policy` | decisions answered from the in-process cache without a store call |
 //! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::throttle::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
 //! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
@@ -60,7 +60,8 @@ pub const DECISIONS: &str = "tollgate_decisions_total";
 #[cfg(feature = "metrics")]
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 
-/// Histogram name: seconds waited on the main store per decision, by `policy`.
+/// Histogram name: seconds waited on the main store per decision, by
+/// `policy`; only for a store that is awaited (not the memory store).
 ///
 /// ```
 /// assert_eq!(tollgate::metrics::STORE_LATENCY, "tollgate_store_latency_seconds");
@@ -158,7 +159,8 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// let text = std::str::from_utf8(&text).unwrap();
 /// assert!(text.contains("# HELP tollgate_decisions_total"));
 /// assert!(text.contains(r#"tollgate_decisions_total{policy="core",outcome="allowed"} 1"#));
-/// assert!(text.contains(r#"tollgate_store_latency_seconds_bucket{policy="core",le="0.1"} 1"#));
+/// // The memory store answers in process: no wait to time, no latency sample.
+/// assert!(!text.contains(r#"tollgate_store_latency_seconds_bucket{policy="core",le="0.1"} 1"#));
 /// # }
 /// ```
 #[cfg(feature = "metrics")]

@@ -487,6 +487,29 @@ mod metrics {
         assert_eq!(seen.decisions("allow_listed"), 1);
         assert_eq!(seen.decisions("deny_listed"), 1);
         assert_eq!(seen.decisions("shadow_limited"), 0);
+        // The memory store answers in process: nothing was waited for, so
+        // nothing is timed (the histogram measures a remote store's waits).
+        assert_eq!(seen.latency_samples(), 0);
+    }
+
+    #[tokio::test]
+    async fn only_the_requests_that_asked_an_awaited_store_are_timed() {
+        let recorded = record();
+        let app = app(limit(1)
+            .store(Counting::new()) // awaited: no `check_now`
+            .allow_cidrs(["10.0.0.0/8"])
+            .deny_cidrs(["203.0.113.0/24"])
+            .build()
+            .unwrap());
+        get_from(&app, "192.0.2.1:1").await;
+        get_from(&app, "192.0.2.1:1").await;
+        get_from(&app, "192.0.2.1:1").await;
+        get_from(&app, "10.0.0.1:1").await;
+        get_from(&app, "203.0.113.1:1").await;
+
+        let seen = recorded.take();
+        assert_eq!(seen.decisions("allowed"), 1);
+        assert_eq!(seen.decisions("limited"), 2);
         // Only the three requests that asked the store were timed.
         assert_eq!(seen.latency(), vec![(vec!["policy=core".to_owned()], 3)]);
     }

@@ -286,8 +286,9 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
     }
 }
 
-/// `ip:a.b.c.d`, written on the stack: `format!` through `Ipv4Addr`'s
-/// `Display` cost more than the rest of taking the key.
+/// `ip:a.b.c.d`, written on the stack and kept inline in the key (no
+/// allocation): `format!` through `Ipv4Addr`'s `Display` cost more than
+/// the rest of taking the key.
 fn ipv4_key(v4: Ipv4Addr) -> Key {
     let mut text = [0; 18]; // "ip:255.255.255.255"
     text[..3].copy_from_slice(b"ip:");

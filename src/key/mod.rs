@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use http::request::Parts;
 use sha2::{Digest, Sha256};
+use smol_str::{SmolStr, SmolStrBuilder};
 
 use crate::error::KeyError;
 
@@ -30,6 +31,10 @@ const MAX_KEY_LEN: usize = 128;
 /// nor forge the `|` that [`Key::join`] puts between parts. Very long input is
 /// replaced by its SHA-256.
 ///
+/// A key of up to 23 bytes (an IPv4 peer's `ip:a.b.c.d`, most custom keys)
+/// is kept inline, so taking it allocates nothing; a longer one is shared
+/// behind a reference count, so cloning never copies the text.
+///
 /// ```
 /// use tollgate::Key;
 ///
@@ -38,7 +43,7 @@ const MAX_KEY_LEN: usize = 128;
 /// assert_eq!(Key::new("a").join(&Key::new("b|c")).as_str(), "a|b%7Cc");
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Key(Arc<str>);
+pub struct Key(SmolStr);
 
 impl Key {
     /// Escapes `raw` into a key.
@@ -51,23 +56,34 @@ impl Key {
     /// ```
     pub fn new(raw: impl AsRef<str>) -> Self {
         let raw = raw.as_ref();
-        let mut out = String::with_capacity(raw.len());
+        let mut out = SmolStrBuilder::new();
         for c in raw.chars() {
-            match c {
-                '%' | '{' | '}' | '|' => out.push_str(&format!("%{:02X}", c as u32)),
-                c if c.is_control() => out.push_str(&format!("%{:02X}", c as u32 & 0xff)),
-                c => out.push(c),
-            }
+            let escaped = match c {
+                '%' | '{' | '}' | '|' => c as u32,
+                c if c.is_control() => c as u32 & 0xff,
+                c => {
+                    out.push(c);
+                    continue;
+                }
+            };
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            out.push('%');
+            out.push(HEX[(escaped >> 4) as usize & 0xf] as char);
+            out.push(HEX[escaped as usize & 0xf] as char);
         }
         if out.len() > MAX_KEY_LEN {
             return Self(format!("sha256:{}", hex_digest(raw.as_bytes(), 32)).into());
         }
-        Self(out.into())
+        Self(out.finish())
     }
 
     /// `self` and `other` as one key, e.g. a route and a caller.
     pub fn join(&self, other: &Key) -> Self {
-        Self(format!("{}|{}", self.0, other.0).into())
+        let mut joined = SmolStrBuilder::new();
+        joined.push_str(&self.0);
+        joined.push('|');
+        joined.push_str(&other.0);
+        Self(joined.finish())
     }
 
     /// The escaped text.
@@ -86,13 +102,13 @@ impl Key {
     /// Builds from text already known to be safe (addresses, digests).
     pub(crate) fn trusted(text: &str) -> Self {
         debug_assert!(!text.contains(['{', '}', '|']));
-        Self(text.into())
+        Self(SmolStr::new(text))
     }
 }
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Key").field(&&*self.0).finish()
+        f.debug_tuple("Key").field(&self.0.as_str()).finish()
     }
 }
 

@@ -353,15 +353,15 @@ impl Limiter {
             return Some(Err(StoreError::cooling_down()));
         }
         let result = self.store.check_now(&self.policy, key, cost)?;
-        Some(self.answered_main(key, result, Stopwatch::idle()))
+        // Not timed: the latency histogram measures waits on a store out of
+        // process, and an answer in process has none to show.
+        self.note_failure(key, &result);
+        Some(result)
     }
 
-    /// What [`ask_main`](Self::ask_main) and
-    /// [`ask_main_now`](Self::ask_main_now) do with the main store's answer:
-    /// time it, and note a failure (starting the cooldown) or an answer.
-    // The guard before the call (`cooling_down`) stays in each: one returns
-    // a `Result`, the other an `Option` of one, and a shared guard would only
-    // move the `if`.
+    /// What [`ask_main`](Self::ask_main) does with the main store's
+    /// answer: time it, and note a failure (starting the cooldown) or an
+    /// answer.
     fn answered_main(
         &self,
         key: &Key,
