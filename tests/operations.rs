@@ -467,6 +467,20 @@ mod metrics {
         }
     }
 
+    /// Three requests of one caller (a budget of 1: one passes, two are
+    /// limited), one from the allow list and one from the deny list.
+    async fn one_of_each(app: &Router) {
+        for peer in [
+            "192.0.2.1:1",
+            "192.0.2.1:1",
+            "192.0.2.1:1",
+            "10.0.0.1:1",
+            "203.0.113.1:1",
+        ] {
+            get_from(app, peer).await;
+        }
+    }
+
     #[tokio::test]
     async fn decisions_are_counted_by_policy_and_outcome() {
         let recorded = record();
@@ -475,11 +489,7 @@ mod metrics {
             .deny_cidrs(["203.0.113.0/24"])
             .build()
             .unwrap());
-        get_from(&app, "192.0.2.1:1").await;
-        get_from(&app, "192.0.2.1:1").await;
-        get_from(&app, "192.0.2.1:1").await;
-        get_from(&app, "10.0.0.1:1").await;
-        get_from(&app, "203.0.113.1:1").await;
+        one_of_each(&app).await;
 
         let seen = recorded.take();
         assert_eq!(seen.decisions("allowed"), 1);
@@ -501,11 +511,7 @@ mod metrics {
             .deny_cidrs(["203.0.113.0/24"])
             .build()
             .unwrap());
-        get_from(&app, "192.0.2.1:1").await;
-        get_from(&app, "192.0.2.1:1").await;
-        get_from(&app, "192.0.2.1:1").await;
-        get_from(&app, "10.0.0.1:1").await;
-        get_from(&app, "203.0.113.1:1").await;
+        one_of_each(&app).await;
 
         let seen = recorded.take();
         assert_eq!(seen.decisions("allowed"), 1);
