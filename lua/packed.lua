@@ -1,11 +1,11 @@
--- tollgate: a decision script's reply as one string of 8-byte big-endian
--- integers. The store puts the decision script before this file, as the
--- function `decide`; batches (lua/batch.lua) keep their lines instead.
+-- tollgate: a give-back script's reply (the concurrency release) as one
+-- string of 8-byte big-endian integers. The store puts the script before
+-- this file, as the function `decide`; batches (lua/batch.lua) keep their
+-- lines instead.
 --
--- redis-rs parses an array reply value by value, about a thousand
--- instructions each, some eight per decision; a string is one value, and
--- Redis packs it for what converting the array would cost (measured with
--- redis-server under callgrind: 64,059 against 64,124 instructions a call).
+-- redis-rs parses an array reply value by value, some eight values per
+-- decision; a string is one value, and Redis packs it for about what
+-- converting the array would cost (see BENCHMARKS.md).
 local reply = decide(KEYS, ARGV)
 if type(reply) == 'table' and reply.err == nil then
   return struct.pack('>' .. string.rep('l', #reply), unpack(reply))

@@ -47,7 +47,7 @@ local cost = ARGV[2] + 0
 local n = #KEYS
 
 -- One quota, the common case: the same steps as below without their tables,
--- which cost a lone call about an eighth of its instructions in Redis.
+-- which would cost every lone call a good part of its time in Redis.
 if n == 1 then
   local limit = ARGV[3] + 0
   local stored = redis.call('HMGET', KEYS[1], 'c', 'r')
