@@ -292,7 +292,7 @@ impl PolicyMetrics {
         let _ = policy;
         Self {
             #[cfg(feature = "metrics")]
-            policy: policy.shared_name().into(),
+            policy: policy.shared_name().clone().into(),
             #[cfg(feature = "metrics")]
             handles: std::sync::OnceLock::new(),
         }
@@ -385,7 +385,7 @@ impl Stopwatch {
 #[inline]
 pub(crate) fn local_cache_hit(policy: &Policy) {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(LOCAL_CACHE_HITS, "policy" => policy.shared_name()).increment(1);
+    ::metrics::counter!(LOCAL_CACHE_HITS, "policy" => policy.shared_name().clone()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = policy;
 }
@@ -413,7 +413,7 @@ pub(crate) fn replica_fallback() {
 #[inline]
 pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
     #[cfg(feature = "metrics")]
-    ::metrics::gauge!(ACTIVE_CALLERS, "policy" => policy.shared_name()).set(estimate);
+    ::metrics::gauge!(ACTIVE_CALLERS, "policy" => policy.shared_name().clone()).set(estimate);
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, estimate);
 }

@@ -327,10 +327,10 @@ impl Policy {
         &self.name
     }
 
-    /// The name as shared text, for labels that outlive a request.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn shared_name(&self) -> Arc<str> {
-        self.name.clone()
+    /// The name as shared text, for labels and store entries that
+    /// outlive a request: cloning it bumps a reference count.
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.name
     }
 
     /// The algorithm.

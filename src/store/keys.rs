@@ -84,18 +84,6 @@ impl KeySpace {
             .collect()
     }
 
-    /// [`quota_keys`](Self::quota_keys), written into `names` (cleared
-    /// first): the memory store reuses one `KeyNames` per shard, so naming a
-    /// decision's keys allocates nothing once the buffer has grown.
-    pub(crate) fn name_quota_keys(&self, policy: &Policy, key: &Key, names: &mut KeyNames) {
-        names.text.clear();
-        names.ends.clear();
-        for i in 0..key_count(policy) {
-            self.push_name(&mut names.text, policy, key, i);
-            names.ends.push(names.text.len());
-        }
-    }
-
     /// Appends the name of quota `i`'s key: the tag, the strategy, then the
     /// quota's index, or for a policy with a resource quota (the sliding
     /// log) the resource's log (0) or this consumer's (1).
@@ -125,31 +113,6 @@ impl KeySpace {
             out.push_str(key.as_str());
         }
         out.push('}');
-    }
-}
-
-/// The names of one decision's keys, in one buffer: see
-/// [`KeySpace::name_quota_keys`].
-#[derive(Debug, Default)]
-pub(crate) struct KeyNames {
-    text: String,
-    /// Where each name ends in `text`.
-    ends: Vec<usize>,
-}
-
-impl KeyNames {
-    /// The names, quota 0 first.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &str> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts
-            .zip(&self.ends)
-            .map(|(start, &end)| &self.text[start..end])
-    }
-
-    /// Quota 0's name (empty for a policy without quotas, which cannot be
-    /// built).
-    pub(crate) fn first(&self) -> &str {
-        self.ends.first().map_or("", |&end| &self.text[..end])
     }
 }
 
@@ -216,24 +179,5 @@ mod tests {
             .map(|i| format!("x:{{p|k}}:fixed_window:{i}"))
             .collect();
         assert_eq!(keys[..], expected[..]);
-    }
-
-    #[test]
-    fn reused_key_names_hold_only_the_latest_decisions_keys() {
-        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
-        let space = KeySpace::default();
-        let mut names = KeyNames::default();
-        let policies = [
-            Policy::fixed_window("a", q).and(q).and(q),
-            Policy::sliding_log("b", q, q),
-            Policy::gcra("c", q, std::num::NonZeroU32::MIN),
-        ];
-        for policy in &policies {
-            let key = Key::new("k");
-            space.name_quota_keys(policy, &key, &mut names);
-            let named: Vec<&str> = names.iter().collect();
-            assert_eq!(named, space.quota_keys(policy, &key)[..]);
-            assert_eq!(names.first(), named[0]);
-        }
     }
 }

@@ -19,6 +19,7 @@ pub use self::redis::SentinelConfig;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisStore, RedisStoreBuilder, Shard, ShardedConfig};
+#[cfg(any(feature = "redis", feature = "queue"))]
 pub(crate) use keys::KeySpace;
 
 use std::fmt;

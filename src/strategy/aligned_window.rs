@@ -10,7 +10,7 @@ use super::fixed_window::{self, Window};
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
 use crate::quota::{Policy, Quota};
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::Shard;
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
@@ -85,7 +85,7 @@ impl Algorithm for AlignedWindow {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision {
@@ -96,7 +96,7 @@ impl Algorithm for AlignedWindow {
         &self,
         _policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     ) {

@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
 use crate::quota::Policy;
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
@@ -173,7 +173,7 @@ impl Algorithm for Concurrency {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision {
@@ -196,7 +196,7 @@ impl Algorithm for Concurrency {
         &self,
         _policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     ) {

@@ -5,7 +5,7 @@
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
 use crate::quota::{Policy, Quota};
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::{with_slots, Shard, State};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
@@ -111,7 +111,7 @@ pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], cost: u64) 
 pub(crate) fn decide_windows(
     policy: &Policy,
     shard: &mut Shard,
-    keys: &KeyNames,
+    keys: &KeyNames<'_>,
     now: u64,
     cost: u64,
     check: impl FnOnce(&mut [Option<Window>], &[Quota], u64, u64) -> Decision,
@@ -150,7 +150,12 @@ pub(crate) fn decide_windows(
 }
 
 /// Gives `receipt` back to each stored window it still matches.
-pub(crate) fn give_back_windows(shard: &mut Shard, keys: &KeyNames, now: u64, receipt: &Receipt) {
+pub(crate) fn give_back_windows(
+    shard: &mut Shard,
+    keys: &KeyNames<'_>,
+    now: u64,
+    receipt: &Receipt,
+) {
     for (k, stamp) in keys.iter().zip(receipt.stamps()) {
         if let Some(State::Window(w)) = shard.get_mut(k, now) {
             let mut slot = [Some(*w)];
@@ -223,7 +228,7 @@ impl Algorithm for FixedWindow {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision {
@@ -234,7 +239,7 @@ impl Algorithm for FixedWindow {
         &self,
         _policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     ) {

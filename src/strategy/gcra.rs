@@ -16,7 +16,7 @@ use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 use crate::quota::{Policy, Quota};
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
@@ -148,7 +148,7 @@ impl Algorithm for Gcra {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision {
@@ -171,7 +171,7 @@ impl Algorithm for Gcra {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     ) {

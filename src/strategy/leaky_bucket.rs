@@ -21,7 +21,7 @@ use crate::error::ConfigError;
 #[cfg(feature = "redis")]
 use crate::error::StoreError;
 use crate::quota::{Policy, Quota};
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
@@ -156,7 +156,7 @@ impl Algorithm for LeakyBucket {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision {
@@ -179,7 +179,7 @@ impl Algorithm for LeakyBucket {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     ) {

@@ -31,7 +31,7 @@ use crate::error::ConfigError;
 #[cfg(feature = "redis")]
 use crate::error::StoreError;
 use crate::quota::{Policy, Quota};
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::Shard;
 #[cfg(feature = "redis")]
 use crate::store::redis::{
@@ -283,7 +283,7 @@ pub(crate) trait Algorithm: Sync {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision;
@@ -293,7 +293,7 @@ pub(crate) trait Algorithm: Sync {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     );

@@ -21,7 +21,7 @@ use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
 use crate::quota::{Policy, Quota};
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::{Shard, State};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
@@ -247,7 +247,7 @@ impl Algorithm for SlidingLog {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision {
@@ -292,7 +292,7 @@ impl Algorithm for SlidingLog {
         &self,
         _policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     ) {

@@ -16,7 +16,7 @@ use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
 use crate::quota::{Policy, Quota};
-use crate::store::keys::KeyNames;
+use crate::store::memory::KeyNames;
 use crate::store::memory::{with_slots, Shard, State};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{LuaScript, Trio};
@@ -258,7 +258,7 @@ impl Algorithm for SlidingWindow {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         cost: u64,
     ) -> Decision {
@@ -304,7 +304,7 @@ impl Algorithm for SlidingWindow {
         &self,
         policy: &Policy,
         shard: &mut Shard,
-        keys: &KeyNames,
+        keys: &KeyNames<'_>,
         now: u64,
         receipt: &Receipt,
     ) {

@@ -1,26 +1,23 @@
 //! The in-process store: the embedded default, no Redis needed.
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::fast::RandomState;
 
-use super::keys::KeyNames;
-use super::{BoxFuture, KeySpace, Store};
+use super::{BoxFuture, Store};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::quota::Policy;
-use crate::strategy::concurrency::InFlight;
-use crate::strategy::fixed_window::Window;
-use crate::strategy::sliding_log::Log;
-use crate::strategy::sliding_window::Counter;
+
+mod names;
+mod shard;
+
+pub(crate) use names::KeyNames;
+pub(crate) use shard::{Shard, State};
 
 const SHARDS: usize = 64;
-/// How often a shard drops expired entries, in µs of its clock.
-const SWEEP_EVERY_MICROS: u64 = 1_000_000;
 
 /// Keeps limits in this process's memory, with the same semantics as Redis.
 ///
@@ -64,48 +61,14 @@ pub struct MemoryStore {
 /// Keys are hashed with foldhash rather than std's SipHash, which cost
 /// more than the strategy itself. Keys are partly chosen by callers (an
 /// address, a header's digest, a custom extractor's text), so the hasher is
-/// randomly seeded per process and per map: foldhash is "minimally
-/// DoS-resistant", and colliding keys would have to be found without
-/// seeing the seed, through a rate limiter.
+/// randomly seeded per process: foldhash is "minimally DoS-resistant", and
+/// colliding keys would have to be found without seeing the seed, through
+/// a rate limiter.
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
-    keys: KeySpace,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Shard {
-    entries: HashMap<String, Entry, RandomState>,
-    next_sweep: u64,
-    /// The names of the current decision's keys, kept to reuse the buffer.
-    names: KeyNames,
-}
-
-#[derive(Debug)]
-struct Entry {
-    expires_at: u64,
-    state: State,
-}
-
-/// One key's state: one variant per strategy, the memory store's one
-/// registration of each; the strategy's file (`strategy/<name>.rs`) reads
-/// and writes its own variant.
-#[derive(Debug, Clone)]
-pub(crate) enum State {
-    Window(Window),
-    /// A uniform gate: when it opens again, µs.
-    Gate(u64),
-    /// A sliding log (resource or consumer).
-    Log(Log),
-    /// A sliding-window counter.
-    Counter(Counter),
-    /// A GCRA bucket's theoretical arrival time, µs.
-    Tat(u64),
-    /// A leaky bucket's `next_free`, µs.
-    Leaky(u64),
-    InFlight(InFlight),
 }
 
 impl Default for MemoryStore {
@@ -148,7 +111,6 @@ impl MemoryStore {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 hasher: RandomState::default(),
                 clock: Arc::new(clock),
-                keys: KeySpace::default(),
             }),
         }
     }
@@ -166,7 +128,7 @@ impl MemoryStore {
             .map(|s| {
                 let mut shard = lock(s);
                 shard.sweep(now);
-                shard.entries.len()
+                shard.len()
             })
             .sum()
     }
@@ -182,21 +144,13 @@ impl MemoryStore {
         &self,
         policy: &Policy,
         key: &Key,
-        f: impl FnOnce(&mut Shard, &KeyNames, u64) -> T,
+        f: impl FnOnce(&mut Shard, &KeyNames<'_>, u64) -> T,
     ) -> T {
-        // The hash of what the keys' hash tag names: one shard per tag, as
-        // one Redis Cluster slot, without building the tag.
-        let index = self.inner.hasher.hash_one(KeySpace::tagged(policy, key)) as usize % SHARDS;
-        let mut shard = lock(&self.inner.shards[index]);
+        let names = KeyNames::new(&self.inner.hasher, policy, key);
+        let mut shard = lock(&self.inner.shards[names.shard(SHARDS)]);
         let now = self.inner.clock.now_micros();
-        if now >= shard.next_sweep {
-            shard.sweep(now);
-        }
-        let mut names = std::mem::take(&mut shard.names);
-        self.inner.keys.name_quota_keys(policy, key, &mut names);
-        let result = f(&mut shard, &names, now);
-        shard.names = names;
-        result
+        shard.sweep_if_due(now);
+        f(&mut shard, &names, now)
     }
 
     fn decide(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
@@ -227,80 +181,6 @@ impl MemoryStore {
         self.with_shard(policy, key, |shard, keys, now| {
             algorithm.give_back(policy, shard, keys, now, receipt)
         })
-    }
-}
-
-impl Shard {
-    /// The live state under `key`; an expired entry reads as absent, as in Redis.
-    pub(crate) fn get(&self, key: &str, now: u64) -> Option<&State> {
-        self.entries
-            .get(key)
-            .filter(|e| e.expires_at > now)
-            .map(|e| &e.state)
-    }
-
-    pub(crate) fn get_mut(&mut self, key: &str, now: u64) -> Option<&mut State> {
-        self.entries
-            .get_mut(key)
-            .filter(|e| e.expires_at > now)
-            .map(|e| &mut e.state)
-    }
-
-    /// Stores `state` under `key` until `expires_at` (µs).
-    pub(crate) fn put(&mut self, key: &str, state: State, expires_at: u64) {
-        match self.entries.get_mut(key) {
-            Some(entry) => *entry = Entry { expires_at, state },
-            None => {
-                self.entries
-                    .insert(key.to_owned(), Entry { expires_at, state });
-            }
-        }
-    }
-
-    /// Reads `key`'s live state (`None` when absent or expired) and writes
-    /// the state and expiry (µs) `decide` returns beside its answer (`None`
-    /// leaves the entry as it is). One hash and probe for a key already
-    /// stored, where [`get`](Self::get) then [`put`](Self::put) take two: a
-    /// hot key's decision.
-    pub(crate) fn update<T>(
-        &mut self,
-        key: &str,
-        now: u64,
-        decide: impl FnOnce(Option<&State>) -> (T, Option<(State, u64)>),
-    ) -> T {
-        if let Some(entry) = self.entries.get_mut(key) {
-            let live = (entry.expires_at > now).then_some(&entry.state);
-            let (answer, write) = decide(live);
-            if let Some((state, expires_at)) = write {
-                *entry = Entry { expires_at, state };
-            }
-            return answer;
-        }
-        let (answer, write) = decide(None);
-        if let Some((state, expires_at)) = write {
-            self.entries
-                .insert(key.to_owned(), Entry { expires_at, state });
-        }
-        answer
-    }
-
-    /// The live state under `key`, with its expiry (µs), to change in
-    /// place: a strategy may move its state out and leave an empty one, so
-    /// the key's name is not given up and allocated again.
-    pub(crate) fn get_mut_with_expiry(&mut self, key: &str, now: u64) -> Option<(&mut State, u64)> {
-        self.entries
-            .get_mut(key)
-            .filter(|e| e.expires_at > now)
-            .map(|e| (&mut e.state, e.expires_at))
-    }
-
-    pub(crate) fn remove(&mut self, key: &str) {
-        self.entries.remove(key);
-    }
-
-    fn sweep(&mut self, now: u64) {
-        self.entries.retain(|_, e| e.expires_at > now);
-        self.next_sweep = now + SWEEP_EVERY_MICROS;
     }
 }
 
@@ -402,12 +282,7 @@ mod tests {
         for i in 0..10_000 {
             check(&store, &policy, &format!("caller{i}"));
         }
-        let held: usize = store
-            .inner
-            .shards
-            .iter()
-            .map(|s| lock(s).entries.len())
-            .sum();
+        let held: usize = store.inner.shards.iter().map(|s| lock(s).len()).sum();
         assert_eq!(held, 10_000);
 
         // One second past the windows' end the entries are dead; the next use
@@ -417,12 +292,7 @@ mod tests {
         for i in 0..5_000 {
             check(&store, &policy, &format!("newcomer{i}"));
         }
-        let held: usize = store
-            .inner
-            .shards
-            .iter()
-            .map(|s| lock(s).entries.len())
-            .sum();
+        let held: usize = store.inner.shards.iter().map(|s| lock(s).len()).sum();
         assert_eq!(held, 5_000, "only the live callers are kept");
         assert_eq!(store.len(), 5_000);
     }

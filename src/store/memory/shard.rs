@@ -1,0 +1,157 @@
+//! One shard of the memory store: a table of entries, each a key's state
+//! and its expiry, read and written by the strategies under the shard's
+//! lock.
+
+use hashbrown::HashTable;
+
+use super::names::{Name, OwnedName};
+use crate::strategy::concurrency::InFlight;
+use crate::strategy::fixed_window::Window;
+use crate::strategy::sliding_log::Log;
+use crate::strategy::sliding_window::Counter;
+
+/// How often a shard drops expired entries, in µs of its clock.
+const SWEEP_EVERY_MICROS: u64 = 1_000_000;
+
+#[derive(Debug, Default)]
+pub(crate) struct Shard {
+    /// Placed by each name's hash, kept in the entry: a lookup hashes
+    /// nothing, and growing the table hashes nothing again.
+    entries: HashTable<Entry>,
+    next_sweep: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    name: OwnedName,
+    expires_at: u64,
+    state: State,
+}
+
+/// One key's state: one variant per strategy, the memory store's one
+/// registration of each; the strategy's file (`strategy/<name>.rs`) reads
+/// and writes its own variant.
+#[derive(Debug, Clone)]
+pub(crate) enum State {
+    Window(Window),
+    /// A uniform gate: when it opens again, µs.
+    Gate(u64),
+    /// A sliding log (resource or consumer).
+    Log(Log),
+    /// A sliding-window counter.
+    Counter(Counter),
+    /// A GCRA bucket's theoretical arrival time, µs.
+    Tat(u64),
+    /// A leaky bucket's `next_free`, µs.
+    Leaky(u64),
+    InFlight(InFlight),
+}
+
+impl Shard {
+    /// Drops expired entries once per [`SWEEP_EVERY_MICROS`] of the clock.
+    pub(super) fn sweep_if_due(&mut self, now: u64) {
+        if now >= self.next_sweep {
+            self.sweep(now);
+        }
+    }
+
+    /// Drops every expired entry.
+    pub(super) fn sweep(&mut self, now: u64) {
+        self.entries.retain(|e| e.expires_at > now);
+        self.next_sweep = now + SWEEP_EVERY_MICROS;
+    }
+
+    /// How many entries the shard holds, live or not yet swept.
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn entry(&self, name: Name<'_>) -> Option<&Entry> {
+        self.entries.find(name.hash(), |e| e.name.is(&name))
+    }
+
+    fn entry_mut(&mut self, name: Name<'_>) -> Option<&mut Entry> {
+        self.entries.find_mut(name.hash(), |e| e.name.is(&name))
+    }
+
+    /// The live state under `name`; an expired entry reads as absent, as in Redis.
+    pub(crate) fn get(&self, name: Name<'_>, now: u64) -> Option<&State> {
+        self.entry(name)
+            .filter(|e| e.expires_at > now)
+            .map(|e| &e.state)
+    }
+
+    pub(crate) fn get_mut(&mut self, name: Name<'_>, now: u64) -> Option<&mut State> {
+        self.entry_mut(name)
+            .filter(|e| e.expires_at > now)
+            .map(|e| &mut e.state)
+    }
+
+    /// Stores `state` under `name` until `expires_at` (µs).
+    pub(crate) fn put(&mut self, name: Name<'_>, state: State, expires_at: u64) {
+        match self.entry_mut(name) {
+            Some(entry) => {
+                entry.state = state;
+                entry.expires_at = expires_at;
+            }
+            None => self.insert(name, state, expires_at),
+        }
+    }
+
+    fn insert(&mut self, name: Name<'_>, state: State, expires_at: u64) {
+        let entry = Entry {
+            hash: name.hash(),
+            name: name.owned(),
+            expires_at,
+            state,
+        };
+        self.entries.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+
+    /// Reads `name`'s live state (`None` when absent or expired) and writes
+    /// the state and expiry (µs) `decide` returns beside its answer (`None`
+    /// leaves the entry as it is). One probe for a key already stored,
+    /// where [`get`](Self::get) then [`put`](Self::put) take two: a hot
+    /// key's decision.
+    pub(crate) fn update<T>(
+        &mut self,
+        name: Name<'_>,
+        now: u64,
+        decide: impl FnOnce(Option<&State>) -> (T, Option<(State, u64)>),
+    ) -> T {
+        if let Some(entry) = self.entry_mut(name) {
+            let live = (entry.expires_at > now).then_some(&entry.state);
+            let (answer, write) = decide(live);
+            if let Some((state, expires_at)) = write {
+                entry.state = state;
+                entry.expires_at = expires_at;
+            }
+            return answer;
+        }
+        let (answer, write) = decide(None);
+        if let Some((state, expires_at)) = write {
+            self.insert(name, state, expires_at);
+        }
+        answer
+    }
+
+    /// The live state under `name`, with its expiry (µs), to change in
+    /// place: a strategy may move its state out and leave an empty one, so
+    /// the entry is not given up and made again.
+    pub(crate) fn get_mut_with_expiry(
+        &mut self,
+        name: Name<'_>,
+        now: u64,
+    ) -> Option<(&mut State, u64)> {
+        self.entry_mut(name)
+            .filter(|e| e.expires_at > now)
+            .map(|e| (&mut e.state, e.expires_at))
+    }
+
+    pub(crate) fn remove(&mut self, name: Name<'_>) {
+        if let Ok(entry) = self.entries.find_entry(name.hash(), |e| e.name.is(&name)) {
+            entry.remove();
+        }
+    }
+}
