@@ -286,26 +286,51 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
     }
 }
 
-/// `ip:a.b.c.d`, written on the stack and kept inline in the key (no
-/// allocation): `format!` through `Ipv4Addr`'s `Display` cost more than
-/// the rest of taking the key.
+/// `ip:a.b.c.d`, written on the stack from a table of the 256 octets'
+/// digits and kept inline in the key (no allocation): `format!` through
+/// `Ipv4Addr`'s `Display`, or formatting each octet, cost more than the
+/// rest of taking the key.
 fn ipv4_key(v4: Ipv4Addr) -> Key {
     let mut text = [0; 18]; // "ip:255.255.255.255"
     text[..3].copy_from_slice(b"ip:");
     let mut len = 3;
-    let mut digits = itoa::Buffer::new();
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
             text[len] = b'.';
             len += 1;
         }
-        let octet = digits.format(octet).as_bytes();
-        text[len..len + octet.len()].copy_from_slice(octet);
-        len += octet.len();
+        let [n, digits @ ..] = OCTETS[usize::from(octet)];
+        let n = usize::from(n);
+        text[len..len + n].copy_from_slice(&digits[..n]);
+        len += n;
     }
     // Only ASCII digits, dots and "ip:" were written.
     Key::trusted(std::str::from_utf8(&text[..len]).unwrap_or_default())
 }
+
+/// Each octet's decimal digits, after their count.
+static OCTETS: [[u8; 4]; 256] = {
+    let mut table = [[0; 4]; 256];
+    let mut n = 0;
+    while n < 256 {
+        let digits = [(n / 100) as u8, (n / 10 % 10) as u8, (n % 10) as u8];
+        let skip = if n >= 100 {
+            0
+        } else if n >= 10 {
+            1
+        } else {
+            2
+        };
+        table[n][0] = 3 - skip as u8;
+        let mut i = skip;
+        while i < 3 {
+            table[n][1 + i - skip] = b'0' + digits[i];
+            i += 1;
+        }
+        n += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -420,5 +445,18 @@ mod tests {
         assert_eq!(key(&PeerIp::new(), &p), "ip:192.0.2.1");
         assert!(PeerIp::new().ipv6_prefix(0).is_err());
         assert!(ForwardedIp::trusting(["nope"]).is_err());
+    }
+
+    #[test]
+    fn an_ipv4_key_spells_every_octet_as_display_does() {
+        for n in 0..=255u8 {
+            for ip in [
+                Ipv4Addr::new(n, 0, 255, 9),
+                Ipv4Addr::new(9, n, n, 100),
+                Ipv4Addr::new(255, 255, 10, n),
+            ] {
+                assert_eq!(ipv4_key(ip).as_str(), format!("ip:{ip}"));
+            }
+        }
     }
 }

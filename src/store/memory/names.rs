@@ -133,10 +133,12 @@ pub(crate) struct OwnedName {
 impl OwnedName {
     /// Whether this is `name`'s entry.
     pub(crate) fn is(&self, name: &Name<'_>) -> bool {
+        // The policy's name and the strategy's are most often the very
+        // same text: compared by address first.
         self.index == name.index
-            && self.caller.as_ref() == name.caller
             && (Arc::ptr_eq(&self.policy, name.policy) || self.policy == *name.policy)
-            && self.strategy == name.strategy
+            && (std::ptr::eq(self.strategy, name.strategy) || self.strategy == name.strategy)
+            && self.caller.as_ref() == name.caller
     }
 }
 
