@@ -26,21 +26,59 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 ///   window) and `-Resource` (the policy name). Policies with a limit shared
 ///   by every caller (the sliding log) add `-Scope`: `resource` when the
 ///   numbers are that shared limit's, `consumer` when they are the caller's.
+///   [`with_github_only`](Self::with_github_only) sends a subset instead.
 /// - **IETF draft** (draft-ietf-httpapi-ratelimit-headers-11, still a draft):
 ///   `RateLimit-Policy: "core";q=5000;w=3600` and `RateLimit: "core";r=4999;t=3599`,
 ///   where `t` is seconds until reset, a delta, rounded up.
 ///
 /// ```
-/// use tollgate::headers::RateLimitHeaders;
+/// use tollgate::headers::{GithubHeader, RateLimitHeaders};
 /// let both = RateLimitHeaders::GITHUB.with_ietf_draft(true);
 /// assert!(both.ietf_draft() && both.github());
 /// assert!(!RateLimitHeaders::NONE.github());
+/// let brief = RateLimitHeaders::NONE.with_github_only(&[GithubHeader::Limit, GithubHeader::Remaining]);
+/// assert!(brief.sends(GithubHeader::Remaining) && !brief.sends(GithubHeader::Used));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitHeaders {
-    github: bool,
+    /// Which of GitHub's headers are sent: one bit per [`GithubHeader`].
+    github: u8,
     ietf_draft: bool,
 }
+
+/// One of GitHub's `X-RateLimit-*` headers, to send a subset of them with
+/// [`RateLimitHeaders::with_github_only`].
+///
+/// ```
+/// use tollgate::headers::{GithubHeader, RateLimitHeaders};
+/// // What tower_governor's `use_headers()` sends on a pass, and no more.
+/// let two = RateLimitHeaders::NONE.with_github_only(&[GithubHeader::Limit, GithubHeader::Remaining]);
+/// assert!(two.sends(GithubHeader::Limit));
+/// assert!(!two.sends(GithubHeader::Reset));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GithubHeader {
+    /// `X-RateLimit-Limit`.
+    Limit,
+    /// `X-RateLimit-Remaining`.
+    Remaining,
+    /// `X-RateLimit-Used`.
+    Used,
+    /// `X-RateLimit-Reset`.
+    Reset,
+    /// `X-RateLimit-Resource`.
+    Resource,
+}
+
+impl GithubHeader {
+    const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// Every one of GitHub's headers.
+const ALL_GITHUB: u8 = 0b1_1111;
 
 impl Default for RateLimitHeaders {
     fn default() -> Self {
@@ -51,18 +89,31 @@ impl Default for RateLimitHeaders {
 impl RateLimitHeaders {
     /// GitHub's `X-RateLimit-*` only.
     pub const GITHUB: Self = Self {
-        github: true,
+        github: ALL_GITHUB,
         ietf_draft: false,
     };
     /// No rate-limit headers (rejections still carry `Retry-After`).
     pub const NONE: Self = Self {
-        github: false,
+        github: 0,
         ietf_draft: false,
     };
 
-    /// Turns GitHub's headers on or off.
+    /// Turns GitHub's headers on (all five) or off.
     pub const fn with_github(mut self, on: bool) -> Self {
-        self.github = on;
+        self.github = if on { ALL_GITHUB } else { 0 };
+        self
+    }
+
+    /// Sends only `headers` of GitHub's (none for an empty list); a shared
+    /// limit's `X-RateLimit-Scope` still goes with them. Fewer headers cost
+    /// a response less, and some clients read only a few.
+    pub const fn with_github_only(mut self, headers: &[GithubHeader]) -> Self {
+        self.github = 0;
+        let mut i = 0;
+        while i < headers.len() {
+            self.github |= headers[i].bit();
+            i += 1;
+        }
         self
     }
 
@@ -72,9 +123,14 @@ impl RateLimitHeaders {
         self
     }
 
-    /// Whether GitHub's headers are sent.
+    /// Whether any of GitHub's headers is sent.
     pub const fn github(&self) -> bool {
-        self.github
+        self.github != 0
+    }
+
+    /// Whether GitHub's `header` is sent.
+    pub const fn sends(&self, header: GithubHeader) -> bool {
+        self.github & header.bit() != 0
     }
 
     /// Whether the IETF draft's headers are sent.
@@ -119,7 +175,7 @@ impl PolicyHeaders {
 
     /// Writes the chosen headers for `decision` into `headers`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
-        if self.dialects.github {
+        if self.dialects.github() {
             headers.reserve(7);
             self.github(headers, decision);
             if policy.strategy().has_resource_quota() {
@@ -153,28 +209,49 @@ impl PolicyHeaders {
         }
     }
 
-    /// GitHub's five headers. Limit and Resource are prebuilt; the three
-    /// numbers that change are written into a per-thread arena and sliced
-    /// out of it, so a response allocates nothing for them.
+    /// GitHub's headers, the chosen ones. Limit and Resource are
+    /// prebuilt; the numbers that change are written into a per-thread
+    /// arena and sliced out of it, so a response allocates nothing for them.
     fn github(&self, headers: &mut HeaderMap, decision: &Decision) {
-        let limit = match self.limits.get(decision.quota) {
-            Some((limit, value)) if *limit == decision.limit => value.clone(),
-            _ => number(decision.limit),
-        };
-        headers.insert(LIMIT.clone(), limit);
-        let values = numbers([
-            decision.remaining,
-            decision.used,
-            decision.reset_epoch_secs(),
-        ]);
-        for (header, value) in [&REMAINING, &USED, &RESET].into_iter().zip(values) {
-            if let Ok(value) = HeaderValue::from_maybe_shared(value) {
-                headers.insert(header.clone(), value);
+        let sends = |header| self.dialects.sends(header);
+        if sends(GithubHeader::Limit) {
+            let limit = match self.limits.get(decision.quota) {
+                Some((limit, value)) if *limit == decision.limit => value.clone(),
+                _ => number(decision.limit),
+            };
+            headers.insert(LIMIT.clone(), limit);
+        }
+        let changing = [
+            (GithubHeader::Remaining, &REMAINING, decision.remaining),
+            (GithubHeader::Used, &USED, decision.used),
+            (GithubHeader::Reset, &RESET, decision.reset_epoch_secs()),
+        ];
+        if self.dialects.github & ALL_GITHUB == ALL_GITHUB {
+            // All three: cut from the arena at once.
+            let values = numbers(changing.map(|(_, _, n)| n));
+            for ((_, header, _), value) in changing.into_iter().zip(values) {
+                insert_number(headers, header, value);
+            }
+        } else {
+            for (_, header, n) in changing.into_iter().filter(|(h, _, _)| sends(*h)) {
+                let [value] = numbers([n]);
+                insert_number(headers, header, value);
             }
         }
-        if let Some(resource) = &self.resource {
+        if let Some(resource) = self
+            .resource
+            .as_ref()
+            .filter(|_| sends(GithubHeader::Resource))
+        {
             headers.insert(RESOURCE.clone(), resource.clone());
         }
+    }
+}
+
+/// Inserts `header: value`, digits cut from the arena.
+fn insert_number(headers: &mut HeaderMap, header: &HeaderName, value: Bytes) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(value) {
+        headers.insert(header.clone(), value);
     }
 }
 
@@ -288,6 +365,49 @@ mod tests {
             headers.apply(&mut map, &policy, &decision);
             assert_eq!(map["x-ratelimit-limit"], limit);
             assert_eq!(map["x-ratelimit-resource"], "core");
+        }
+    }
+
+    #[test]
+    fn a_chosen_subset_sends_those_headers_and_no_others() {
+        let q = Quota::new(5, Duration::from_secs(60)).unwrap();
+        let all =
+            ["limit", "remaining", "used", "reset", "resource"].map(|h| format!("x-ratelimit-{h}"));
+        for (chosen, names) in [
+            (
+                vec![GithubHeader::Limit, GithubHeader::Remaining],
+                vec![0, 1],
+            ),
+            (vec![GithubHeader::Reset], vec![3]),
+            (vec![GithubHeader::Used, GithubHeader::Resource], vec![2, 4]),
+            (vec![], vec![]),
+        ] {
+            let dialects = RateLimitHeaders::NONE.with_github_only(&chosen);
+            assert_eq!(dialects.github(), !chosen.is_empty());
+            for (policy, scope) in [
+                (Policy::fixed_window("core", q), false),
+                (Policy::sliding_log("core", q, q), !chosen.is_empty()),
+            ] {
+                let headers = PolicyHeaders::new(dialects, &policy);
+                let rejected = Decision::rejected(5, 5, 10_000_001, 1, 2_000_000);
+                let mut map = HeaderMap::new();
+                headers.apply(&mut map, &policy, &rejected);
+                for (i, name) in all.iter().enumerate() {
+                    assert_eq!(
+                        map.contains_key(name.as_str()),
+                        names.contains(&i),
+                        "{name} for {chosen:?}"
+                    );
+                }
+                assert_eq!(map.contains_key("x-ratelimit-scope"), scope, "{chosen:?}");
+                assert!(
+                    map.contains_key(RETRY_AFTER),
+                    "a rejection says when to retry"
+                );
+                if names.contains(&1) {
+                    assert_eq!(map["x-ratelimit-remaining"], "0");
+                }
+            }
         }
     }
 }
