@@ -55,13 +55,13 @@
 //!   with `ZOO_BENCH=1`; the second only with Redis): that handler behind
 //!   five prebuilt `X-RateLimit-*` headers, or after one Redis `PING`: the
 //!   floors a limiter's cost and latency are read against.
-//! - `GET /strategies/{fixed_window,gcra,sliding_window}_no_headers` (only
-//!   with `ZOO_BENCH=1`): those strategies sending no rate-limit headers, as
-//!   in-memory peers answer a pass.
-//! - `GET /strategies/governor` and `GET /strategies/governor_headers` (only
-//!   with `ZOO_BENCH=1`): the in-memory peer, tower_governor, keyed by peer
-//!   IP at the same rate and burst, without and with its `use_headers()`
-//!   (`zoo_parts/bench.rs`).
+//! - `GET /strategies/{fixed_window,gcra,sliding_window}_{no,two,five}_headers`
+//!   and `GET /strategies/governor_{no,two}_headers` (only with
+//!   `ZOO_BENCH=1`): those strategies keyed by peer IP and sending no
+//!   rate-limit headers, two (Limit and Remaining) or GitHub's five, beside
+//!   the in-memory peer, tower_governor, keyed by peer IP at the same rate
+//!   and burst, without and with its `use_headers()` (two headers on a
+//!   pass) (`zoo_parts/bench.rs`).
 //! - `GET /tiers/tigerfeeding`: tiers, as GitHub's API (`zoo_parts/tiers.rs`).
 //! - `POST /login`: `X-Password: stripes` logs in; only failed attempts are
 //!   counted, `ZOO_LOGIN_FAILURES` (3) per `ZOO_LOGIN_WINDOW_SECS` (60) per
@@ -344,13 +344,8 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         names.push('\n');
     }
     if settings.bench {
-        let bench = bench::routes(
-            settings.quota,
-            store.clone(),
-            key.clone(),
-            settings.redis_url.as_deref(),
-        )
-        .await?;
+        let bench =
+            bench::routes(settings.quota, store.clone(), settings.redis_url.as_deref()).await?;
         router = router.merge(bench.router);
         names.push_str(&bench.names);
     }

@@ -23,7 +23,7 @@
 # strategies and commits with it, not absolute costs.
 # The dumps stay in bench-out/callgrind/ for callgrind_annotate, one per
 # store, route and ZOO_LIMIT. The peers' routes count the same way:
-#   scripts/callgrind.sh /strategies/governor /strategies/governor_headers
+#   scripts/callgrind.sh /strategies/governor_no_headers /strategies/governor_two_headers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -18,8 +18,10 @@
 #     /strategies/headers_only (the floor: that handler with a
 #     middleware adding five prebuilt X-RateLimit-* headers, nothing
 #     decided), tower_governor beside the memory store
-#     (/strategies/governor, and /strategies/governor_headers with its
-#     use_headers(): the in-memory peer, keyed by peer IP at the same rate)
+#     (/strategies/governor_no_headers, and /strategies/governor_two_headers
+#     with its use_headers(): the in-memory peer, keyed by peer IP at the
+#     same rate; the strategies it is read beside are served keyed the same
+#     way as {name}_no_headers, _two_headers and _five_headers)
 #     and every strategy, with
 #     a budget nothing can spend (pass) and with a budget of 1 (reject: all
 #     but the first request get a 429), on the memory store and on Redis,
@@ -191,7 +193,7 @@ measure() {
 # headers alone, and with Redis one PING per request; beside the memory
 # store, the in-memory peer tower_governor without and with its headers.
 floors() {
-  if [ "$1" = redis ]; then echo "unlimited identity_layer headers_only redis_ping"; else echo "unlimited identity_layer headers_only governor governor_headers"; fi
+  if [ "$1" = redis ]; then echo "unlimited identity_layer headers_only redis_ping"; else echo "unlimited identity_layer headers_only governor_no_headers governor_two_headers"; fi
 }
 
 # serve STORE OUTCOME LIMIT: start the zoo, measure every route, stop it.
@@ -322,8 +324,8 @@ for store in $stores; do
         [ "$route" = identity_layer ] && t=- ok="floor: a layer that does nothing"
         [ "$route" = headers_only ] && t=- ok="floor: the headers alone"
         [ "$route" = redis_ping ] && t=- ok="floor: one PING per request"
-        [ "$route" = governor ] && t=- ok="peer: tower_governor, no headers"
-        [ "$route" = governor_headers ] && t=- ok="peer: tower_governor, use_headers() (2 headers)"
+        [ "$route" = governor_no_headers ] && t=- ok="peer: tower_governor, no headers"
+        [ "$route" = governor_two_headers ] && t=- ok="peer: tower_governor, use_headers() (2 headers)"
         # A pass run that mostly got 429s (the uniform gate passes at most one
         # call per millisecond per caller) measured the rejection path.
         if [ "$outcome" = pass ] && awk -v x="$(share $store $outcome full "$route")" 'BEGIN { exit !(x > 0.01) }'; then
@@ -347,14 +349,17 @@ if [[ " $stores " == *" memory "* ]]; then
   echo
   echo "| headers | route | passing | rejecting |"
   echo "|---|---|---:|---:|"
-  for route in governor $names governor_headers $names; do
-    case $route in
-      governor) headers=none ;;
-      governor_headers) headers="2 (governor) / 5 (GitHub)" ;;
-      *_no_headers) [ "$headers" = none ] || continue ;;
-      *) [ "$headers" != none ] || continue ;;
-    esac
-    echo "| $headers | $route | $(ratio memory pass full "$route" 13) | $(ratio memory reject full "$route" 13) |"
+  for load in no two five; do
+    case $load in no) headers=none ;; two) headers=2 ;; five) headers="5 (GitHub)" ;; esac
+    for route in governor_${load}_headers $names; do
+      case $route in
+        governor_five_headers) continue ;;
+        governor_*) ;;
+        *_${load}_headers) ;;
+        *) continue ;;
+      esac
+      echo "| $headers | $route | $(ratio memory pass full "$route" 13) | $(ratio memory reject full "$route" 13) |"
+    done
   done
   echo
 fi
@@ -381,7 +386,7 @@ for conns in $MODERATE_CONNS; do
       case $route in
         unlimited) a= ;;
         identity_layer | headers_only | redis_ping) a= ok=floor ;;
-        governor | governor_headers) a= ok=peer ;;
+        governor_*) a= ok=peer ;;
         *) ok=$([ $((p99 - base99)) -le "$allowed" ] && echo yes || echo "**no**") ;;
       esac
       echo "| $store | $route | $(fig $store pass $load "$route" 6) | $(busy $store pass $load "$route") | $(ms "$p50") | $(ms "$p99") | $((p50 - base50)) | $((p99 - base99)) | $a | $ok |"

@@ -1,7 +1,8 @@
 //! The zoo's bench routes (`ZOO_BENCH=1`), all at `/strategies/{name}`'s
 //! depth and on the same handler, so that they differ from the limited
-//! routes in the layer alone: the floors a limiter is read against, the
-//! strategies without headers, and the in-memory peer, tower_governor.
+//! routes in the layer alone: the floors a limiter is read against, and
+//! the in-memory peer, tower_governor, beside the strategies it competes
+//! with, keyed as it is (by peer IP) and sending as many headers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,17 +11,28 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
 use axum::Router;
-use tollgate::headers::RateLimitHeaders;
-use tollgate::{KeyExtractor, Quota, RateLimitLayer, Store};
+use tollgate::headers::{GithubHeader, RateLimitHeaders};
+use tollgate::{PeerIp, Quota, RateLimitLayer, Store};
 use tower::util::MapResponseLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
 use super::{lineup, tigerfeeding, Zoo};
 
-/// The strategies also served without rate-limit headers, as the
-/// in-memory peers answer: `/strategies/{name}_no_headers`.
-const WITHOUT_HEADERS: [&str; 3] = ["fixed_window", "gcra", "sliding_window"];
+/// The strategies served beside tower_governor.
+const BESIDE_GOVERNOR: [&str; 3] = ["fixed_window", "gcra", "sliding_window"];
+
+/// The header loads they are served with, as `/strategies/{name}_{load}`:
+/// none and two (Limit and Remaining) as tower_governor sends on a pass
+/// without and with `use_headers()`, and GitHub's five.
+const HEADER_LOADS: [(&str, RateLimitHeaders); 3] = [
+    ("no_headers", RateLimitHeaders::NONE),
+    (
+        "two_headers",
+        RateLimitHeaders::NONE.with_github_only(&[GithubHeader::Limit, GithubHeader::Remaining]),
+    ),
+    ("five_headers", RateLimitHeaders::GITHUB),
+];
 
 /// The routes `scripts/load.sh` reads as strategies (listed by
 /// `/strategies`), and the floors and peers it always runs beside them.
@@ -30,14 +42,13 @@ pub struct Bench {
     pub names: String,
 }
 
-/// The bench routes: the floors, each of [`WITHOUT_HEADERS`] without
-/// headers under `quota`, keyed by `key`, and tower_governor keyed by peer
-/// IP at the same rate (the same budget: passing, or spent after one
-/// request, as the strategies').
+/// The bench routes: the floors, each of [`BESIDE_GOVERNOR`] under `quota`
+/// at each of [`HEADER_LOADS`], and tower_governor at the same rate (the
+/// same budget: passing, or spent after one request, as the
+/// strategies'), all keyed by peer IP.
 pub async fn routes(
     quota: Quota,
     store: Arc<dyn Store>,
-    key: Arc<dyn KeyExtractor>,
     redis_url: Option<&str>,
 ) -> Result<Bench, String> {
     let mut router = Router::new()
@@ -56,27 +67,29 @@ pub async fn routes(
     }
     let mut names = String::new();
     for policy in lineup::lineup(quota) {
-        if !WITHOUT_HEADERS.contains(&policy.name()) {
+        if !BESIDE_GOVERNOR.contains(&policy.name()) {
             continue;
         }
-        let name = format!("{}_no_headers", policy.name());
-        let limit = RateLimitLayer::builder()
-            .policy(policy)
-            .shared_store(store.clone())
-            .key(key.clone())
-            .headers(RateLimitHeaders::NONE)
-            .build()
-            .map_err(|e| format!("{name}: {e}"))?;
-        router = router.route(
-            &format!("/strategies/{name}"),
-            get(tigerfeeding).layer(limit),
-        );
-        names.push_str(&name);
-        names.push('\n');
+        for (load, headers) in HEADER_LOADS {
+            let name = format!("{}_{load}", policy.name());
+            let limit = RateLimitLayer::builder()
+                .policy(policy.clone())
+                .shared_store(store.clone())
+                .key(PeerIp::new())
+                .headers(headers)
+                .build()
+                .map_err(|e| format!("{name}: {e}"))?;
+            router = router.route(
+                &format!("/strategies/{name}"),
+                get(tigerfeeding).layer(limit),
+            );
+            names.push_str(&name);
+            names.push('\n');
+        }
     }
     router = router
-        .route("/strategies/governor", governor(quota, false)?)
-        .route("/strategies/governor_headers", governor(quota, true)?);
+        .route("/strategies/governor_no_headers", governor(quota, false)?)
+        .route("/strategies/governor_two_headers", governor(quota, true)?);
     Ok(Bench { router, names })
 }
 
