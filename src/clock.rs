@@ -37,9 +37,10 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_micros(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
+        // Seconds and microseconds apart: `as_micros` goes through u128.
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
+            d.as_secs() * 1_000_000 + u64::from(d.subsec_micros())
+        })
     }
 }
 

@@ -231,19 +231,14 @@ impl Receipt {
 
     /// [`Receipt::new`] from any stamps, allocating only for more than two.
     pub(crate) fn of(cost: u64, stamps: impl IntoIterator<Item = u64>) -> Self {
-        let mut stamps = stamps.into_iter();
-        let mut inline = [0; 2];
-        let mut len = 0;
-        for stamp in stamps.by_ref() {
-            inline[len] = stamp;
-            len += 1;
-            if len == inline.len() {
-                break;
-            }
-        }
-        let stamps = match stamps.next() {
-            None => Stamps::Inline(len as u8, inline),
-            Some(third) => Stamps::Heap(inline.into_iter().chain([third]).chain(stamps).collect()),
+        let mut stamps = stamps.into_iter().fuse();
+        let stamps = match (stamps.next(), stamps.next()) {
+            (None, _) => Stamps::Inline(0, [0; 2]),
+            (Some(a), None) => Stamps::Inline(1, [a, 0]),
+            (Some(a), Some(b)) => match stamps.next() {
+                None => Stamps::Inline(2, [a, b]),
+                Some(c) => Stamps::Heap([a, b, c].into_iter().chain(stamps).collect()),
+            },
         };
         Self { cost, stamps }
     }
@@ -265,8 +260,9 @@ impl Receipt {
 }
 
 /// A receipt's stamps: up to two inline, which is every strategy's with one
-/// quota and the sliding log's pair, so that a decision and its copy in the
-/// request's extensions allocate nothing for them; more on the heap.
+/// quota and the sliding log's pair, so that a decision (and any copy of
+/// it, as in the request's extensions) allocates nothing for them; more on
+/// the heap.
 #[derive(Clone)]
 pub(crate) enum Stamps {
     Inline(u8, [u64; 2]),

@@ -151,6 +151,9 @@ pub(crate) struct PolicyHeaders {
     limits: Box<[(u64, HeaderValue)]>,
     /// The policy's name; `None` if it cannot be a header value.
     resource: Option<HeaderValue>,
+    /// Whether the policy has a limit every caller shares, whose numbers
+    /// `X-RateLimit-Scope` tells apart from the caller's own.
+    scoped: bool,
 }
 
 impl PolicyHeaders {
@@ -170,6 +173,7 @@ impl PolicyHeaders {
             dialects,
             limits,
             resource,
+            scoped: policy.strategy().has_resource_quota(),
         }
     }
 
@@ -178,7 +182,7 @@ impl PolicyHeaders {
         if self.dialects.github() {
             headers.reserve(7);
             self.github(headers, decision);
-            if policy.strategy().has_resource_quota() {
+            if self.scoped {
                 let scope = HeaderValue::from_static(decision.scope.as_str());
                 headers.insert(SCOPE.clone(), scope);
             }

@@ -24,7 +24,10 @@ use crate::store::Store;
 /// down) the charge simply times out in the store (a concurrency slot
 /// after its timeout, a leaky bucket's place when its turn passes), so
 /// nothing leaks and nothing waits.
-pub(crate) struct ReleaseGuard(Option<Release>);
+///
+/// Boxed, so that every response future, most of which hold no guard,
+/// stays a pointer smaller rather than carrying room for one.
+pub(crate) struct ReleaseGuard(Option<Box<Release>>);
 
 struct Release {
     limiter: Arc<Limiter>,
@@ -40,12 +43,12 @@ impl ReleaseGuard {
         key: Key,
         receipt: Receipt,
     ) -> Self {
-        Self(Some(Release {
+        Self(Some(Box::new(Release {
             limiter,
             store,
             key,
             receipt,
-        }))
+        })))
     }
 
     /// The request is about to run: a place in a leaky bucket's queue is now
@@ -54,7 +57,7 @@ impl ReleaseGuard {
         let held = self
             .0
             .as_ref()
-            .is_some_and(|r| r.limiter.policy.strategy().holds_until_response_ends());
+            .is_some_and(|r| r.limiter.holds_until_response_ends);
         if held {
             Some(self)
         } else {
@@ -65,15 +68,15 @@ impl ReleaseGuard {
 
     /// Gives the charge back now (once; later calls and the drop do nothing).
     pub(crate) fn release(&mut self) {
-        let Some(Release {
+        let Some(release) = self.0.take() else {
+            return;
+        };
+        let Release {
             limiter,
             store,
             key,
             receipt,
-        }) = self.0.take()
-        else {
-            return;
-        };
+        } = *release;
         // A store that gives back at once (in process), or that commits to
         // sending it (a Redis batch's queue), needs no task.
         if let Some(given) = store.refund_now(&limiter.policy, &key, &receipt) {

@@ -80,8 +80,11 @@ fn per_minute(n: u32) -> Policy {
     Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(n).unwrap()))
 }
 
+/// A layer that hands handlers its decision, which [`app`] answers with.
 fn limit(n: u32) -> RateLimitLayerBuilder {
-    RateLimitLayer::builder().policy(per_minute(n))
+    RateLimitLayer::builder()
+        .policy(per_minute(n))
+        .decision_extension(true)
 }
 
 /// A router whose handler answers `allowed=<bool>` from the decision the
@@ -288,6 +291,30 @@ async fn deny_uses_the_configured_limited_status_and_closures() {
     let browser = send(&app, "192.0.2.1:1", "/", &[("user-agent", "Mozilla/5.0")]).await;
     assert_eq!(browser.status(), StatusCode::OK);
     assert_eq!(store.checks(), 1);
+}
+
+#[tokio::test]
+async fn handlers_are_handed_the_decision_only_when_asked() {
+    for (asked, expected) in [
+        (None, "no-decision"),
+        (Some(false), "no-decision"),
+        (Some(true), "allowed=true"),
+    ] {
+        let builder = RateLimitLayer::builder().policy(per_minute(5));
+        let builder = match asked {
+            Some(on) => builder.decision_extension(on),
+            None => builder,
+        };
+        let app = app(builder.build().unwrap());
+        let r = get_from(&app, "192.0.2.1:1").await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            r.headers()["x-ratelimit-remaining"],
+            "4",
+            "the headers are sent either way"
+        );
+        assert_eq!(text(r).await, expected, "decision_extension: {asked:?}");
+    }
 }
 
 #[tokio::test]

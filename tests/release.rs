@@ -201,6 +201,7 @@ async fn in_shadow_mode_the_leaky_bucket_records_the_wait_but_never_serves_it() 
         ))
         .store(store)
         .shadow(true)
+        .decision_extension(true)
         .build()
         .unwrap();
     let app = Router::new()

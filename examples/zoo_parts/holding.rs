@@ -130,6 +130,8 @@ pub async fn routes<S: Clone + Send + Sync + 'static>(
 ) -> Result<Holding<S>, String> {
     let leaky = RateLimitLayer::builder()
         .headers(super::dialect())
+        // The handler says how long the caller waited.
+        .decision_extension(true)
         .policy(Policy::leaky_bucket(
             "tigerfeeding.leaky",
             settings.leaky_rate,

@@ -36,6 +36,7 @@ use super::{RateLimitLayer, DEFAULT_COOLDOWN, DEFAULT_DEADLINE};
 /// | [`refund_when`](Self::refund_when) | status is `304 Not Modified` |
 /// | [`headers`](Self::headers) | [`RateLimitHeaders::GITHUB`] |
 /// | [`shadow`](Self::shadow) | off: rejections are enforced |
+/// | [`decision_extension`](Self::decision_extension) | off: handlers are not handed the [`Decision`](crate::Decision) |
 /// | [`allow`](Self::allow), [`allow_cidrs`](Self::allow_cidrs) | nobody skips the limit |
 /// | [`deny`](Self::deny), [`deny_cidrs`](Self::deny_cidrs) | nobody is refused outright |
 /// | [`cidr_address`](Self::cidr_address) | [`PeerIp`]: the TCP peer |
@@ -70,6 +71,7 @@ pub struct RateLimitLayerBuilder {
     refund_when: Arc<crate::limiter::RefundFn>,
     headers: RateLimitHeaders,
     shadow: bool,
+    decision_extension: bool,
     access: Access,
     cooldown: Duration,
     local: crate::local::LocalDecisions,
@@ -89,6 +91,7 @@ impl Default for RateLimitLayerBuilder {
             refund_when: Arc::new(|status| status == StatusCode::NOT_MODIFIED),
             headers: RateLimitHeaders::default(),
             shadow: false,
+            decision_extension: false,
             access: Access::default(),
             cooldown: DEFAULT_COOLDOWN,
             local: Default::default(),
@@ -102,6 +105,7 @@ impl fmt::Debug for RateLimitLayerBuilder {
             .field("policy", &self.policy)
             .field("deadline", &self.deadline)
             .field("shadow", &self.shadow)
+            .field("decision_extension", &self.decision_extension)
             .field("access", &self.access)
             .finish_non_exhaustive()
     }
@@ -193,7 +197,8 @@ impl RateLimitLayerBuilder {
     ///
     /// - An over-limit request reaches your handler with
     ///   `X-RateLimit-Remaining: 0` and no `Retry-After`; the [`Decision`](crate::Decision) in
-    ///   its extensions says `allowed: false`. Like any rejection it was
+    ///   its extensions (with [`decision_extension`](Self::decision_extension))
+    ///   says `allowed: false`. Like any rejection it was
     ///   **not charged**, so the store's counts are exactly those the
     ///   enforced limit would have produced.
     /// - A request without a key passes (no headers) instead of getting the
@@ -227,6 +232,39 @@ impl RateLimitLayerBuilder {
     /// ```
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
+        self
+    }
+
+    /// Puts each admitted request's [`Decision`](crate::Decision) in its
+    /// extensions, for handlers to read (`Extension<Decision>`): how long a
+    /// leaky bucket made it wait, what is left, whether shadow mode would
+    /// have refused it. Off by default: it costs every request an
+    /// allocation, and the response's headers already carry the numbers.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Extension, Router};
+    /// use tower::ServiceExt;
+    /// use tollgate::{Decision, Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(10).unwrap())))
+    ///     .decision_extension(true)
+    ///     .build()
+    ///     .unwrap();
+    /// let app = Router::new()
+    ///     .route("/", get(|Extension(d): Extension<Decision>| async move { d.remaining.to_string() }))
+    ///     .layer(layer)
+    ///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+    ///
+    /// let res = app.oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    /// let body = axum::body::to_bytes(res.into_body(), 16).await.unwrap();
+    /// assert_eq!(&body[..], b"9");
+    /// # }
+    /// ```
+    pub fn decision_extension(mut self, on: bool) -> Self {
+        self.decision_extension = on;
         self
     }
 
@@ -446,6 +484,7 @@ impl RateLimitLayerBuilder {
                 metrics: PolicyMetrics::new(&policy),
                 local: self.local.gating(&policy),
                 headers: PolicyHeaders::new(self.headers, &policy),
+                holds_until_response_ends: policy.strategy().holds_until_response_ends(),
                 policy,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
@@ -456,6 +495,7 @@ impl RateLimitLayerBuilder {
                 key_error_status: self.key_error_status,
                 refund_when: self.refund_when,
                 shadow: self.shadow,
+                decision_extension: self.decision_extension,
                 access,
                 cooldown: self.cooldown,
                 skip_store_until: Default::default(),

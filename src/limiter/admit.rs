@@ -61,7 +61,10 @@ impl Limiter {
             self.decide_now(parts, &span)
         };
         match step {
-            Ok((verdict, outcome)) => Ok(self.record(verdict, outcome, &span)),
+            Ok((verdict, outcome)) => {
+                self.record(outcome, &span);
+                Ok(verdict)
+            }
             Err(Waiting { key, cost, failed }) => Err(Pending {
                 waiting: Waiting { key, cost, failed },
                 span,
@@ -82,20 +85,21 @@ impl Limiter {
                 .instrument(span.clone())
                 .await
         };
-        self.record(verdict, outcome, &span)
+        self.record(outcome, &span);
+        verdict
     }
 
-    fn record(&self, verdict: Verdict, outcome: Outcome, span: &tracing::Span) -> Verdict {
+    fn record(&self, outcome: Outcome, span: &tracing::Span) {
         self.metrics.decision(outcome);
         // Recording into a disabled span still walks its fields: skipped.
         if !span.is_disabled() {
             span.record("outcome", outcome.as_str());
             tracing::debug!(parent: span, "rate limit decision");
         }
-        verdict
     }
 
     /// As far as the request can be decided without awaiting.
+    #[inline(always)]
     fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Result<Decided, Waiting> {
         let (key, cost) = match self.identify(parts, span) {
             Ok(identified) => identified,
@@ -159,6 +163,7 @@ impl Limiter {
     // Not boxed: a verdict is every request's result, and boxing it would
     // allocate on the path this split exists to keep allocation-free.
     #[allow(clippy::result_large_err)]
+    #[inline(always)]
     fn after_main(
         &self,
         parts: &mut Parts,
@@ -185,6 +190,7 @@ impl Limiter {
     // Not boxed: a verdict is every request's result, and boxing it would
     // allocate on the path this split exists to keep allocation-free.
     #[allow(clippy::result_large_err)]
+    #[inline(always)]
     fn identify(&self, parts: &mut Parts, span: &tracing::Span) -> Result<(Key, u64), Decided> {
         match self.access.check(parts) {
             None => {}
@@ -220,6 +226,7 @@ impl Limiter {
     /// Turns a store's decision into the verdict: a rejection's response,
     /// or a pass carrying what settling it needs.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(super) fn judge(
         &self,
         parts: &mut Parts,
@@ -253,9 +260,12 @@ impl Limiter {
             return (Verdict::Respond(response), outcome);
         }
         // A shadow-limited request goes on with `allowed == false` in its
-        // extensions; its response shows the rejection's headers (Remaining 0)
-        // without Retry-After. The store did not charge it.
-        parts.extensions.insert(decision.clone());
+        // extensions (if asked for); its response shows the rejection's
+        // headers (Remaining 0) without Retry-After. The store did not
+        // charge it.
+        if self.decision_extension {
+            parts.extensions.insert(decision.clone());
+        }
         decision.retry_after = None;
         if self.shadow {
             // Shadow mode never changes traffic: a leaky bucket's wait is

@@ -64,6 +64,11 @@ pub(crate) struct Limiter {
     pub(crate) headers: PolicyHeaders,
     /// Decide and count, but never reject (deny-lists aside).
     pub(crate) shadow: bool,
+    /// Put each pass's decision in the request's extensions.
+    pub(crate) decision_extension: bool,
+    /// The policy's strategy holds a pass's charge until its response
+    /// ends (the concurrency limit), asked once rather than per request.
+    pub(crate) holds_until_response_ends: bool,
     pub(crate) access: Access,
     pub(crate) metrics: PolicyMetrics,
     pub(crate) cooldown: Duration,

@@ -41,7 +41,7 @@ impl Limiter {
         } else {
             pass
         };
-        self.write_headers(pass, headers);
+        self.write_headers(&pass, headers);
         Ok(())
     }
 
@@ -55,7 +55,7 @@ impl Limiter {
         } else {
             pass
         };
-        self.write_headers(pass, headers);
+        self.write_headers(&pass, headers);
     }
 
     /// Whether `pass`'s charge goes back, the response being `status`.
@@ -70,7 +70,7 @@ impl Limiter {
                 .as_ref()
                 .is_some_and(|d| !d.receipt.is_empty())
             && (self.refund_when)(status)
-            && !self.policy.strategy().holds_until_response_ends()
+            && !self.holds_until_response_ends
     }
 
     /// Gives `pass`'s charge back to the store that decided.
@@ -107,7 +107,7 @@ impl Limiter {
     }
 
     /// The headers a settled pass shows.
-    fn write_headers(&self, pass: Pass, headers: &mut HeaderMap) {
+    fn write_headers(&self, pass: &Pass, headers: &mut HeaderMap) {
         if let Some(kind) = pass.degraded {
             mark_degraded(headers, kind, pass.decider);
         }
@@ -121,10 +121,12 @@ impl Limiter {
     /// (the client may leave), for a concurrency slot until the response body
     /// ends. `None` when there is nothing to give back.
     pub(crate) fn release_guard(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
+        let gives_back = pass.delay().is_some() || self.holds_until_response_ends;
+        if !gives_back {
+            return None;
+        }
         let (store, key, receipt) = self.charge_of(pass)?;
-        let gives_back =
-            pass.delay().is_some() || self.policy.strategy().holds_until_response_ends();
-        if receipt.is_empty() || !gives_back {
+        if receipt.is_empty() {
             return None;
         }
         Some(ReleaseGuard::new(
