@@ -12,8 +12,11 @@
 //! step, computed by the same IEEE-754 operations in Rust and in Lua, so both
 //! stores decide identically.
 
+use smallvec::SmallVec;
+
 use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::Algorithm;
+
 use crate::decision::{Decision, Receipt};
 use crate::quota::{Policy, Quota};
 use crate::store::memory::KeyNames;
@@ -154,7 +157,8 @@ pub(crate) fn check(
     now: u64,
     cost: u64,
 ) -> Decision {
-    let verdicts: Vec<Verdict> = counters
+    // Inline up to the most quotas a policy may have: no allocation.
+    let verdicts: SmallVec<[Verdict; 8]> = counters
         .iter()
         .zip(quotas)
         .map(|(stored, q)| judge(*stored, q, now, cost))
@@ -175,7 +179,7 @@ pub(crate) fn check(
             .reporting(i);
     }
 
-    let mut charged: Vec<Counter> = verdicts.iter().map(|v| v.counter).collect();
+    let mut charged: SmallVec<[Counter; 8]> = verdicts.iter().map(|v| v.counter).collect();
     if cost > 0 {
         for (slot, c) in counters.iter_mut().zip(charged.iter_mut()) {
             c.cur += cost;
