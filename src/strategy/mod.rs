@@ -11,9 +11,11 @@
 //! is that file, its Lua (`lua/<name>.lua`, the body of a function
 //! `decide(KEYS, ARGV, dry_run)`; optionally `lua/<name>_batch.lua`, a batch
 //! that reads and writes each key once per call), its conformance rows, a
-//! variant of [`Strategy`], a [`Policy`] constructor, and a line in [`ALL`]
-//! and in [`Strategy::algorithm`]; `docs/strategies.md` says how the
-//! scripts are put together.
+//! variant of [`Strategy`], a [`Policy`] constructor, a line in [`ALL`]
+//! and in [`Strategy::algorithm`], and, if its state is of a new shape, a
+//! variant of the memory store's [`State`](crate::store::memory::State)
+//! (`store/memory/shard.rs`); `docs/strategies.md` says how the scripts
+//! are put together.
 
 pub(crate) mod aligned_window;
 pub(crate) mod concurrency;
