@@ -230,7 +230,7 @@ impl PolicyHeaders {
             (GithubHeader::Used, &USED, decision.used),
             (GithubHeader::Reset, &RESET, decision.reset_epoch_secs()),
         ];
-        if self.dialects.github & ALL_GITHUB == ALL_GITHUB {
+        if changing.iter().all(|(h, _, _)| sends(*h)) {
             // All three: cut from the arena at once.
             let values = numbers(changing.map(|(_, _, n)| n));
             for ((_, header, _), value) in changing.into_iter().zip(values) {

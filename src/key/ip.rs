@@ -292,10 +292,8 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
 /// rest of taking the key.
 fn ipv4_key(v4: Ipv4Addr) -> Key {
     // Room to write every octet's three digit places whole (fixed-size
-    // copies, no call), keeping only its own; aligned and checked as text
-    // whole, so that the check reads words rather than bytes.
-    let mut text = Aligned([0; 24]); // "ip:255.255.255.255", and spare
-    let text = &mut text.0;
+    // copies, no call), keeping only its own.
+    let mut text = [0; 20]; // "ip:255.255.255.255", and spare
     text[..3].copy_from_slice(b"ip:");
     let mut len = 3;
     for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -307,13 +305,9 @@ fn ipv4_key(v4: Ipv4Addr) -> Key {
         text[len..len + 3].copy_from_slice(&digits);
         len += usize::from(n);
     }
-    // Only ASCII digits, dots, "ip:" and zeros were written.
-    let text = std::str::from_utf8(text).unwrap_or_default();
-    Key::trusted(text.get(..len).unwrap_or_default())
+    // Only ASCII digits, dots and "ip:" were written.
+    Key::trusted(std::str::from_utf8(&text[..len]).unwrap_or_default())
 }
-
-#[repr(align(8))]
-struct Aligned([u8; 24]);
 
 /// Each octet's decimal digits, after their count.
 static OCTETS: [[u8; 4]; 256] = {

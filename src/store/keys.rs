@@ -50,7 +50,8 @@ impl KeySpace {
 
     /// What the hash tag of a decision's keys names: the policy and the
     /// caller, or the policy alone when a quota is shared by every caller.
-    /// The memory store hashes this to pick a shard without building a tag.
+    /// The memory store hashes this to pick a shard and find entries
+    /// without building a tag.
     pub(crate) fn tagged<'a>(policy: &'a Policy, key: &'a Key) -> (&'a str, Option<&'a Key>) {
         if policy.strategy().has_resource_quota() {
             (policy.name(), None)
@@ -117,7 +118,7 @@ impl KeySpace {
 }
 
 /// How many keys one decision of `policy` uses.
-fn key_count(policy: &Policy) -> usize {
+pub(crate) fn key_count(policy: &Policy) -> usize {
     if policy.strategy().has_resource_quota() {
         2
     } else {

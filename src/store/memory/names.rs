@@ -16,6 +16,7 @@ use foldhash::fast::RandomState;
 
 use crate::key::Key;
 use crate::quota::Policy;
+use crate::store::keys::{key_count, KeySpace};
 
 /// One decision's key names: the policy and the caller, with the hashes
 /// they share. Built on the stack for each decision; borrows both.
@@ -35,15 +36,12 @@ pub(crate) struct KeyNames<'a> {
 impl<'a> KeyNames<'a> {
     /// The names of `policy`'s keys for `key`, hashed with `hasher`.
     pub(crate) fn new(hasher: &RandomState, policy: &'a Policy, key: &'a Key) -> Self {
-        let (tag, consumer) = if policy.strategy().has_resource_quota() {
-            let consumer = hasher.hash_one((policy.name(), Some(key)));
-            (
-                hasher.hash_one((policy.name(), None::<&Key>)),
-                Some(consumer),
-            )
-        } else {
-            (hasher.hash_one((policy.name(), Some(key))), None)
-        };
+        let tag = hasher.hash_one(KeySpace::tagged(policy, key));
+        // A tag without the caller: the consumer's name holds it instead.
+        let consumer = policy
+            .strategy()
+            .has_resource_quota()
+            .then(|| hasher.hash_one((policy.name(), Some(key))));
         Self {
             policy,
             key,
@@ -68,11 +66,7 @@ impl<'a> KeyNames<'a> {
     /// The names, quota 0 first: one per quota, or for the sliding log the
     /// resource's and then the consumer's.
     pub(crate) fn iter(&self) -> impl Iterator<Item = Name<'a>> + '_ {
-        let count = match self.consumer {
-            Some(_) => 2,
-            None => self.policy.quotas().len(),
-        };
-        (0..count).map(|i| self.name(i))
+        (0..key_count(self.policy)).map(|i| self.name(i))
     }
 
     fn name(&self, index: usize) -> Name<'a> {
