@@ -105,23 +105,25 @@ where
             StateProj::Boxed { future } => return future.as_mut().poll(cx),
             StateProj::Inner { future, settle } => {
                 let response = ready!(future.poll(cx))?;
+                let (mut head, body) = response.into_parts();
+                let Settle { limiter, pass, .. } =
+                    settle.as_mut().expect("polled after completion");
+                if limiter.settle_now(pass, head.status, &mut head.headers) {
+                    let guard = settle.as_mut().and_then(|s| s.guard.take());
+                    *settle = None;
+                    return Poll::Ready(Ok(Response::from_parts(head, body_of(body, guard))));
+                }
+                // The store's refund must be awaited: rare (a 304 on
+                // Redis), so boxed.
                 let Settle {
                     limiter,
                     pass,
                     guard,
                 } = settle.take().expect("polled after completion");
-                let (mut head, body) = response.into_parts();
-                match limiter.settle_now(pass, head.status, &mut head.headers) {
-                    Ok(()) => {
-                        return Poll::Ready(Ok(Response::from_parts(head, body_of(body, guard))))
-                    }
-                    // The store's refund must be awaited: rare (a 304 on
-                    // Redis), so boxed.
-                    Err(pass) => Box::pin(async move {
-                        limiter.settle(pass, head.status, &mut head.headers).await;
-                        Ok(Response::from_parts(head, body_of(body, guard)))
-                    }),
-                }
+                Box::pin(async move {
+                    limiter.settle(pass, head.status, &mut head.headers).await;
+                    Ok(Response::from_parts(head, body_of(body, guard)))
+                })
             }
         };
         self.as_mut()

@@ -19,42 +19,38 @@ static FALLBACK: HeaderName = HeaderName::from_static("x-ratelimit-fallback");
 
 impl Limiter {
     /// After the inner service answered: refunds if its status says so and
-    /// the store can at once, then writes the headers. Hands `pass` back
-    /// when the refund must be awaited ([`settle`](Self::settle)).
-    // Not boxed: a verdict is every request's result, and boxing it would
-    // allocate on the path this split exists to keep allocation-free.
-    #[allow(clippy::result_large_err)]
+    /// the store can at once, then writes the headers. `false` when the
+    /// refund must be awaited instead ([`settle`](Self::settle)); nothing
+    /// was written then. The pass is settled where it lies: it is the
+    /// largest thing a response carries, and moving it costs a copy.
     pub(crate) fn settle_now(
         &self,
-        pass: Pass,
+        pass: &mut Pass,
         status: StatusCode,
         headers: &mut HeaderMap,
-    ) -> Result<(), Pass> {
-        let pass = if self.refund_due(&pass, status) {
+    ) -> bool {
+        if self.refund_due(pass, status) {
             let refunded = self
-                .charge_of(&pass)
+                .charge_of(pass)
                 .and_then(|(store, key, receipt)| store.refund_now(&self.policy, key, receipt));
             let Some(result) = refunded else {
-                return Err(pass);
+                return false;
             };
-            self.refunded(pass, result)
-        } else {
-            pass
-        };
-        self.write_headers(&pass, headers);
-        Ok(())
+            self.refunded(pass, result);
+        }
+        self.write_headers(pass, headers);
+        true
     }
 
     /// [`settle_now`](Self::settle_now), awaiting the refund (never past the
     /// deadline).
     pub(crate) async fn settle(&self, pass: Pass, status: StatusCode, headers: &mut HeaderMap) {
-        let pass = if self.refund_due(&pass, status) {
+        let mut pass = pass;
+        if self.refund_due(&pass, status) {
             // Boxed, as the rare path it is: every request's future would
             // otherwise carry room for it.
-            Box::pin(self.refund(pass)).await
-        } else {
-            pass
-        };
+            Box::pin(self.refund(&mut pass)).await;
+        }
         self.write_headers(&pass, headers);
     }
 
@@ -74,19 +70,19 @@ impl Limiter {
     }
 
     /// Gives `pass`'s charge back to the store that decided.
-    async fn refund(&self, pass: Pass) -> Pass {
-        let Some((store, key, receipt)) = self.charge_of(&pass) else {
-            return pass;
+    async fn refund(&self, pass: &mut Pass) {
+        let Some((store, key, receipt)) = self.charge_of(pass) else {
+            return;
         };
         let call = store.refund(&self.policy, key, receipt);
         let result = self.within_deadline(call).await.0;
-        self.refunded(pass, result)
+        self.refunded(pass, result);
     }
 
-    /// `pass` as it stands after its refund ended with `result`.
-    fn refunded(&self, mut pass: Pass, result: Result<(), StoreError>) -> Pass {
+    /// Brings `pass` up to date with its refund, which ended with `result`.
+    fn refunded(&self, pass: &mut Pass, result: Result<(), StoreError>) {
         let (Some(key), Some(decision)) = (&pass.key, pass.decision.take()) else {
-            return pass;
+            return;
         };
         let decision = match result {
             Ok(()) => {
@@ -103,7 +99,6 @@ impl Limiter {
             }
         };
         pass.decision = Some(decision);
-        pass
     }
 
     /// The headers a settled pass shows.
