@@ -62,6 +62,7 @@ impl Decision {
     /// assert_eq!(d.remaining, 7);
     /// assert_eq!(d.retry_after_secs(), None);
     /// ```
+    #[inline]
     pub fn allowed(limit: u64, used: u64, reset_at_micros: u64, now_micros: u64) -> Self {
         Self {
             allowed: true,
@@ -104,12 +105,14 @@ impl Decision {
     }
 
     /// Says which quota (0-based) these numbers describe.
+    #[inline]
     pub fn reporting(mut self, quota: usize) -> Self {
         self.quota = quota;
         self
     }
 
     /// Says whose budget the reported quota is.
+    #[inline]
     pub fn scoped(mut self, scope: Scope) -> Self {
         self.scope = scope;
         self
@@ -131,6 +134,7 @@ impl Decision {
     }
 
     /// Attaches what a refund would give back.
+    #[inline]
     pub fn with_receipt(mut self, receipt: Receipt) -> Self {
         self.receipt = receipt;
         self
@@ -230,6 +234,7 @@ impl Receipt {
     }
 
     /// [`Receipt::new`] from any stamps, allocating only for more than two.
+    #[inline]
     pub(crate) fn of(cost: u64, stamps: impl IntoIterator<Item = u64>) -> Self {
         let mut stamps = stamps.into_iter().fuse();
         let stamps = match (stamps.next(), stamps.next()) {

@@ -89,6 +89,7 @@ impl Limiter {
         verdict
     }
 
+    #[inline(always)]
     fn record(&self, outcome: Outcome, span: &tracing::Span) {
         self.metrics.decision(outcome);
         // Recording into a disabled span still walks its fields: skipped.
@@ -363,6 +364,7 @@ impl Limiter {
 
     /// [`ask_main`](Self::ask_main) for a store that answers at once; `None`
     /// if it cannot.
+    #[inline(always)]
     fn ask_main_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, StoreError>> {
         if self.cooling_down() {
             return Some(Err(StoreError::cooling_down()));

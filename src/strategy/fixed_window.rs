@@ -29,6 +29,7 @@ pub(crate) const EXPIRY_GRACE_MICROS: u64 = 1_000_000;
 /// `windows[i]` is quota `i`'s stored state (`None` when absent). A window
 /// whose stored end is not after `now` counts as empty, whether or not the
 /// store has expired it yet. With `cost == 0` nothing is written (a peek).
+#[inline]
 pub(crate) fn check(
     windows: &mut [Option<Window>],
     quotas: &[Quota],

@@ -53,6 +53,7 @@ pub(crate) fn validate(quotas: &[Quota], burst: NonZeroU32) -> Result<(), Config
 
 /// Decides, and on a pass moves `tat` forward by `cost × T`. A stored `tat`
 /// in the past means a full bucket. With `cost == 0` nothing is written.
+#[inline]
 pub(crate) fn check(
     tat: &mut Option<u64>,
     quota: &Quota,

@@ -206,6 +206,7 @@ pub(crate) fn check(
 
 /// [`check`] for one quota, the usual policy: the same decision, without
 /// the lists that several quotas need.
+#[inline]
 fn check_one(stored: &mut Option<Counter>, quota: &Quota, now: u64, cost: u64) -> Decision {
     let v = judge(*stored, quota, now, cost);
     let (window, limit) = (quota.window_micros(), u64::from(quota.limit()));

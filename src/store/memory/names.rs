@@ -35,6 +35,7 @@ pub(crate) struct KeyNames<'a> {
 
 impl<'a> KeyNames<'a> {
     /// The names of `policy`'s keys for `key`, hashed with `hasher`.
+    #[inline]
     pub(crate) fn new(hasher: &RandomState, policy: &'a Policy, key: &'a Key) -> Self {
         let tag = hasher.hash_one(KeySpace::tagged(policy, key));
         // A tag without the caller: the consumer's name holds it instead.
@@ -126,6 +127,7 @@ pub(crate) struct OwnedName {
 
 impl OwnedName {
     /// Whether this is `name`'s entry.
+    #[inline]
     pub(crate) fn is(&self, name: &Name<'_>) -> bool {
         // The policy's name and the strategy's are most often the very
         // same text: compared by address first.

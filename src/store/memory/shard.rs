@@ -71,6 +71,7 @@ impl Shard {
         self.entries.find(name.hash(), |e| e.name.is(&name))
     }
 
+    #[inline]
     fn entry_mut(&mut self, name: Name<'_>) -> Option<&mut Entry> {
         self.entries.find_mut(name.hash(), |e| e.name.is(&name))
     }
@@ -114,6 +115,7 @@ impl Shard {
     /// leaves the entry as it is). One probe for a key already stored,
     /// where [`get`](Self::get) then [`put`](Self::put) take two: a hot
     /// key's decision.
+    #[inline]
     pub(crate) fn update<T>(
         &mut self,
         name: Name<'_>,
