@@ -111,6 +111,7 @@ pub(crate) struct Pass {
 impl Pass {
     /// How long the request waits for its turn (a leaky bucket's queue),
     /// if at least [`SHORTEST_WAIT`].
+    #[inline]
     pub(crate) fn delay(&self) -> Option<Duration> {
         let delay = self.decision.as_ref().and_then(|d| d.delay)?;
         (delay >= SHORTEST_WAIT).then_some(delay)

@@ -115,11 +115,18 @@ impl Limiter {
     /// dropped while armed: for a leaky bucket's pass while it waits its turn
     /// (the client may leave), for a concurrency slot until the response body
     /// ends. `None` when there is nothing to give back.
+    #[inline]
     pub(crate) fn release_guard(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
         let gives_back = pass.delay().is_some() || self.holds_until_response_ends;
         if !gives_back {
             return None;
         }
+        self.guard_for(pass)
+    }
+
+    /// [`release_guard`](Self::release_guard) past its quick "nothing to
+    /// give back", the answer for nearly every pass.
+    fn guard_for(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
         let (store, key, receipt) = self.charge_of(pass)?;
         if receipt.is_empty() {
             return None;

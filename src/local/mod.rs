@@ -53,6 +53,7 @@ impl LocalDecisions {
     /// its metrics outcome. In shadow mode nothing is refused here: the
     /// throttle only notes the caller (counting a would-be refusal in
     /// `Throttle::stats`), and the cache is not asked.
+    #[inline]
     pub(crate) fn before_store(
         &self,
         limiter: &Limiter,
@@ -84,6 +85,7 @@ impl LocalDecisions {
     }
 
     /// After the (main) store decided: remember what will hold.
+    #[inline]
     pub(crate) fn after_store(&self, policy: &Policy, key: &Key, cost: u64, decision: &Decision) {
         if let Some(cache) = &self.cache {
             cache.learn(policy.strategy(), key, cost, decision);
