@@ -154,6 +154,10 @@ pub(crate) struct PolicyHeaders {
     /// Whether the policy has a limit every caller shares, whose numbers
     /// `X-RateLimit-Scope` tells apart from the caller's own.
     scoped: bool,
+    /// How many GitHub headers a response gets: the map makes room for
+    /// exactly these. Room for more than are sent can grow a response's
+    /// map (a reallocation) that the headers themselves fit without.
+    github_count: usize,
 }
 
 impl PolicyHeaders {
@@ -169,18 +173,25 @@ impl PolicyHeaders {
         let resource = HeaderValue::from_str(policy.name())
             .ok()
             .map(|_| shared(policy.name()));
+        let scoped = policy.strategy().has_resource_quota();
+        let github_count = if dialects.github() {
+            dialects.github.count_ones() as usize + usize::from(scoped)
+        } else {
+            0
+        };
         Self {
             dialects,
             limits,
             resource,
-            scoped: policy.strategy().has_resource_quota(),
+            scoped,
+            github_count,
         }
     }
 
     /// Writes the chosen headers for `decision` into `headers`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
         if self.dialects.github() {
-            headers.reserve(7);
+            headers.reserve(self.github_count);
             self.github(headers, decision);
             if self.scoped {
                 let scope = HeaderValue::from_static(decision.scope.as_str());
