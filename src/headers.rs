@@ -239,10 +239,9 @@ impl PolicyHeaders {
         let changing = [
             (GithubHeader::Remaining, &REMAINING, decision.remaining),
             (GithubHeader::Used, &USED, decision.used),
-            (GithubHeader::Reset, &RESET, decision.reset_epoch_secs()),
         ];
         if changing.iter().all(|(h, _, _)| sends(*h)) {
-            // All three: cut from the arena at once.
+            // Both: cut from the arena at once.
             let values = numbers(changing.map(|(_, _, n)| n));
             for ((_, header, _), value) in changing.into_iter().zip(values) {
                 insert_number(headers, header, value);
@@ -252,6 +251,9 @@ impl PolicyHeaders {
                 let [value] = numbers([n]);
                 insert_number(headers, header, value);
             }
+        }
+        if sends(GithubHeader::Reset) {
+            headers.insert(RESET.clone(), reset_value(decision.reset_epoch_secs()));
         }
         if let Some(resource) = self
             .resource
@@ -268,6 +270,21 @@ fn insert_number(headers: &mut HeaderMap, header: &HeaderName, value: Bytes) {
     if let Ok(value) = HeaderValue::from_maybe_shared(value) {
         headers.insert(header.clone(), value);
     }
+}
+
+thread_local! {
+    /// The last `X-RateLimit-Reset` this thread wrote, with its value: a
+    /// window's responses share one reset second (a fixed window's for the
+    /// whole window), so it is built once per second, not per response.
+    static LAST_RESET: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+}
+
+/// `secs` as a header value, reusing the last one built when it is the same.
+fn reset_value(secs: u64) -> HeaderValue {
+    LAST_RESET.with_borrow_mut(|last| match last {
+        Some((last, value)) if *last == secs => value.clone(),
+        _ => last.insert((secs, number(secs))).1.clone(),
+    })
 }
 
 /// Bytes of header digits carved per allocation: over a hundred responses.
@@ -348,6 +365,25 @@ mod tests {
         assert_eq!(headers["x-ratelimit-reset"], "11");
         assert_eq!(headers["x-ratelimit-resource"], "core");
         assert!(!headers.contains_key(RETRY_AFTER));
+    }
+
+    #[test]
+    fn a_reset_value_is_rebuilt_exactly_when_the_second_changes() {
+        for secs in [
+            1_795_000_000,
+            1_795_000_000,
+            1_795_000_001,
+            0,
+            0,
+            u64::MAX,
+            u64::MAX,
+        ] {
+            assert_eq!(reset_value(secs).as_bytes(), secs.to_string().as_bytes());
+        }
+        // The same second shares one buffer; the next second has its own.
+        let (a, b) = (reset_value(7), reset_value(7));
+        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr());
+        assert_eq!(reset_value(8).as_bytes(), b"8");
     }
 
     #[test]
