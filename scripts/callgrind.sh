@@ -22,7 +22,10 @@
 # native Redis (about ten a call, shown from `INFO commandstats`): compare
 # strategies and commits with it, not absolute costs.
 # The dumps stay in bench-out/callgrind/ for callgrind_annotate, one per
-# store, route and ZOO_LIMIT. The peers' routes count the same way:
+# store, route and ZOO_LIMIT. Where a route has tollgate's layer or
+# tower_governor's, the layer's own share is printed beside
+# (scripts/layer_cost.py: its call and response future, without the
+# inner service), which moves less between runs than the whole process. The peers' routes count the same way:
 #   scripts/callgrind.sh /strategies/governor_no_headers /strategies/governor_two_headers
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -120,5 +123,11 @@ for route in "$@"; do
   # A rejecting run (ZOO_LIMIT set) is named apart, not over the passing one.
   name="$out/$CG_PROCESS-$LOAD_STORE${ZOO_LIMIT:+-limit$ZOO_LIMIT}$(echo "$route" | tr / _)"
   mv "$dump" "$name"
-  echo "$route  requests: $served$calls  instructions per request: $((instructions / served))  ($name)"
+  # The layer's own share (tollgate's or tower_governor's), when there is one.
+  layer=
+  if [ "$CG_PROCESS" = zoo ] && command -v python3 >/dev/null; then
+    own=$(python3 scripts/layer_cost.py "$name" "$served" 2>/dev/null || true)
+    [ -z "$own" ] || layer="  the layer's own: $own"
+  fi
+  echo "$route  requests: $served$calls  instructions per request: $((instructions / served))$layer  ($name)"
 done

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""A rate-limiting layer's own instructions per request, from a dump of
+scripts/callgrind.sh: what the layer's `call` and its response future's
+`poll` cost, without the inner service they wrap.
+
+    scripts/layer_cost.py DUMP REQUESTS
+
+Prints nothing when the dump holds neither tollgate's layer nor
+tower_governor's. callgrind.sh runs it for each route it counts.
+
+callgrind_annotate lists a function once per source file its inlined lines
+came from, so a function's cost is the sum of its entries. The layer's own
+share is every entry of its call and its future's poll, less the inner
+service: axum's route (and tower's boxed service) inlined into the call,
+and the route's future polled from the layer's.
+"""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
+
+TOLLGATE_CALL = "tollgate::service::limit"
+TOLLGATE_POLL = "<tollgate::future::ResponseFuture<F,E> as core::future::future::Future>::poll"
+# tollgate's RateLimit::call (request.into_parts), inlined into the
+# MapFuture::call axum wraps a layer in.
+TOLLGATE_WRAP = "<tower::util::map_future::MapFuture<S,F> as tower_service::Service<R>>::call"
+GOVERNOR_CALL = ("tower_governor::<impl tower_service::Service<http::request::Request<ReqBody>>"
+                 " for tower_governor::governor::Governor")
+GOVERNOR_POLL = "<tower_governor::ResponseFuture<"
+INNER_FILE = re.compile(r"axum-[\d.]+/src/routing/route\.rs$|tower-[\d.]+/src/util/boxed_clone_sync\.rs$")
+INNER_POLL = "RouteFuture<E> as core::future::future::Future>::poll"
+ENTRY = re.compile(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S+?):(.*?)( \[.*\])?$")
+
+
+def annotate(dump, *args):
+    out = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", *args, dump],
+        capture_output=True, text=True, check=True, cwd=ROOT)
+    return out.stdout.splitlines()
+
+
+def count(text):
+    return int(text.replace(",", ""))
+
+
+def main():
+    dump, requests = sys.argv[1], float(sys.argv[2])
+    # A function's own file can show twice: its entry (with its object
+    # file) and a stub without one for an inlined call into it.
+    entries = {}
+    for line in annotate(dump):
+        m = ENTRY.match(line)
+        if m:
+            key = (m.group(2).removeprefix(ROOT), m.group(3))
+            if key not in entries or m.group(4):
+                entries[key] = count(m.group(1))
+    functions = {fn for _, fn in entries}
+    tollgate = TOLLGATE_CALL in functions
+    if tollgate:
+        is_call = lambda fn: fn == TOLLGATE_CALL
+        is_poll = lambda fn: fn == TOLLGATE_POLL
+    elif any(fn.startswith(GOVERNOR_CALL) for fn in functions):
+        is_call = lambda fn: fn.startswith(GOVERNOR_CALL)
+        is_poll = lambda fn: fn.startswith(GOVERNOR_POLL)
+    else:
+        return
+    own = sum(n for (f, fn), n in entries.items() if is_call(fn) and not INNER_FILE.search(f))
+    own += sum(n for (_, fn), n in entries.items() if is_poll(fn))
+    if tollgate:
+        wrap = entries.get(("src/service.rs", TOLLGATE_WRAP), 0)
+        own += max(0, wrap - entries.get(("src/service.rs", TOLLGATE_CALL), 0))
+    # The inner future's poll, as called from the layer's.
+    in_poll = False
+    for line in annotate(dump, "--tree=calling"):
+        if not line.strip():
+            in_poll = False
+        elif re.search(r"\*\s", line):
+            m = re.search(r"\*\s+\S+?:(.*?)( \[.*\])?$", line)
+            in_poll = bool(m) and is_poll(m.group(1))
+        elif in_poll and INNER_POLL in line:
+            own -= count(re.match(r"\s*([\d,]+)", line).group(1))
+    print(round(own / requests))
+
+
+if __name__ == "__main__":
+    main()
