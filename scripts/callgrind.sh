@@ -8,6 +8,7 @@
 #   ZOO_LIMIT=1 scripts/callgrind.sh ...     # every request after the first is a 429
 #   CG_PROCESS=redis scripts/callgrind.sh /strategies/gcra   # Redis's side instead
 #   ZOO_BIN=/tmp/zoo-before scripts/callgrind.sh ...  # a build copied aside
+#   CG_SIM=1 scripts/callgrind.sh ...         # with cache and branch misses
 #
 # Runs the release zoo (ZOO_BENCH=1) under valgrind on CPU 1, with a private
 # redis-server for LOAD_STORE=redis; serves every route once; then for each
@@ -31,6 +32,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CG_SECS=${CG_SECS:-5}
+# CG_SIM=1: also simulate the caches and the branch predictor (slower), and
+# print per request the instruction-cache and data-cache misses and the
+# mispredicted branches: what instruction counts leave out of a cycle.
+sim=
+[ -z "${CG_SIM:-}" ] || sim="--cache-sim=yes --branch-sim=yes"
 CG_PROCESS=${CG_PROCESS:-zoo}
 case $CG_PROCESS in
   zoo) LOAD_STORE=${LOAD_STORE:-memory} ;;
@@ -67,7 +73,8 @@ counted() {
   local name=$1
   shift
   if [ "$CG_PROCESS" = "$name" ]; then
-    exec taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$out/$name.%p" "$@"
+    # shellcheck disable=SC2086
+    exec taskset -c 1 valgrind --tool=callgrind $sim --callgrind-out-file="$out/$name.%p" "$@"
   elif [ "$name" = zoo ]; then
     exec taskset -c 0 "$@"
   else
@@ -128,6 +135,15 @@ for route in "$@"; do
   if [ "$CG_PROCESS" = zoo ] && command -v python3 >/dev/null; then
     own=$(python3 scripts/layer_cost.py "$name" "$served" 2>/dev/null || true)
     [ -z "$own" ] || layer="  the layer's own: $own"
+  fi
+  if [ -n "$sim" ]; then
+    layer="$layer$(awk -v n="$served" '
+      /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i }
+      /^(summary|totals):/ {
+        printf "  I1 misses: %.0f  D1 misses: %.0f  mispredicted branches: %.0f",
+          $col["I1mr"] / n, ($col["D1mr"] + $col["D1mw"]) / n, ($col["Bcm"] + $col["Bim"]) / n
+        exit
+      }' "$name")"
   fi
   echo "$route  requests: $served$calls  instructions per request: $((instructions / served))$layer  ($name)"
 done

@@ -36,7 +36,7 @@ ENTRY = re.compile(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S+?):(.*?)( \[.*\])?$")
 
 def annotate(dump, *args):
     out = subprocess.run(
-        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", *args, dump],
+        ["callgrind_annotate", "--show=Ir", "--inclusive=yes", "--threshold=100", "--auto=no", *args, dump],
         capture_output=True, text=True, check=True, cwd=ROOT)
     return out.stdout.splitlines()
 
