@@ -11,10 +11,10 @@
 #   CG_SIM=1 scripts/callgrind.sh ...         # with cache and branch misses
 #
 # Runs the release zoo (ZOO_BENCH=1) under valgrind on CPU 1, with a private
-# redis-server for LOAD_STORE=redis; serves every route once; then for each
-# route, warms up with wrk (CPU 0), zeroes the counters, runs wrk for CG_SECS (5) with CG_CONNS
-# connections (4; 64 for Redis), and divides the instructions counted by the
-# requests served.
+# redis-server for LOAD_STORE=redis; serves every route once; then for
+# each route, warms up with wrk (CPU 0), zeroes the counters, runs wrk for
+# CG_SECS (5) with CG_CONNS connections (4; 64 for Redis), and divides the
+# instructions counted by the requests served.
 #
 # CG_PROCESS=redis counts redis-server instead: Redis runs under valgrind on
 # CPU 1 and the zoo natively on CPU 0, so the figure is what a strategy's
@@ -26,7 +26,8 @@
 # store, route and ZOO_LIMIT. Where a route has tollgate's layer or
 # tower_governor's, the layer's own share is printed beside
 # (scripts/layer_cost.py: its call and response future, without the
-# inner service), which moves less between runs than the whole process. The peers' routes count the same way:
+# inner service), which moves less between runs than the whole process.
+# The peers' routes count the same way:
 #   scripts/callgrind.sh /strategies/governor_no_headers /strategies/governor_two_headers
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -106,9 +107,8 @@ if [ "$CG_PROCESS" = redis ]; then target=$redis; else target=$zoo; fi
 echo "store: $LOAD_STORE; counting: $CG_PROCESS; wrk -c$CG_CONNS for ${CG_SECS}s per route"
 # Every route is served once before any is counted. The first route
 # counted in a fresh process otherwise pays for glibc's heap settling
-# (`_int_malloc`, `malloc_consolidate`): up to 1,400 instructions a
-# request more than the same route counted later, which decides a
-# comparison by the order of the routes.
+# (`_int_malloc`, `malloc_consolidate`), and the order of the routes would
+# decide a close comparison (BENCHMARKS.md has the size of it).
 for route in "$@"; do
   taskset -c 0 wrk -t1 -c"$CG_CONNS" -d2s "http://127.0.0.1:$zoo_port$route" >/dev/null
 done

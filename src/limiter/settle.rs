@@ -44,8 +44,7 @@ impl Limiter {
 
     /// [`settle_now`](Self::settle_now), awaiting the refund (never past the
     /// deadline).
-    pub(crate) async fn settle(&self, pass: Pass, status: StatusCode, headers: &mut HeaderMap) {
-        let mut pass = pass;
+    pub(crate) async fn settle(&self, mut pass: Pass, status: StatusCode, headers: &mut HeaderMap) {
         if self.refund_due(&pass, status) {
             // Boxed, as the rare path it is: every request's future would
             // otherwise carry room for it.
