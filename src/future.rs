@@ -113,17 +113,8 @@ where
                     *settle = None;
                     return Poll::Ready(Ok(Response::from_parts(head, body_of(body, guard))));
                 }
-                // The store's refund must be awaited: rare (a 304 on
-                // Redis), so boxed.
-                let Settle {
-                    limiter,
-                    pass,
-                    guard,
-                } = settle.take().expect("polled after completion");
-                Box::pin(async move {
-                    limiter.settle(pass, head.status, &mut head.headers).await;
-                    Ok(Response::from_parts(head, body_of(body, guard)))
-                })
+                let settle = settle.take().expect("polled after completion");
+                settle_later(settle, head, body)
             }
         };
         self.as_mut()
@@ -132,6 +123,28 @@ where
             .set(State::Boxed { future: refund });
         self.poll(cx)
     }
+}
+
+/// Settles a response whose refund must be awaited: rare (a 304 on
+/// Redis), so boxed, and out of line so that the path every other response
+/// takes stays compact.
+#[cold]
+#[inline(never)]
+fn settle_later<B, E>(settle: Settle, mut head: http::response::Parts, body: B) -> BoxedResponse<E>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    E: 'static,
+{
+    let Settle {
+        limiter,
+        pass,
+        guard,
+    } = settle;
+    Box::pin(async move {
+        limiter.settle(pass, head.status, &mut head.headers).await;
+        Ok(Response::from_parts(head, body_of(body, guard)))
+    })
 }
 
 /// The response body, holding a concurrency slot until it ends.

@@ -5,14 +5,16 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use http::request::Parts;
+use http::Response;
 use tracing::Instrument;
 
 use super::settle::mark_degraded;
 use super::{Decided, Decider, Limiter, Pass, Verdict};
 use crate::access::Listed;
 use crate::decision::Decision;
-use crate::error::{StoreError, StoreErrorKind};
+use crate::error::{KeyError, StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
 use crate::key::Key;
 use crate::metrics::{Outcome, Stopwatch};
@@ -54,9 +56,26 @@ impl Limiter {
             outcome = tracing::field::Empty,
             remaining = tracing::field::Empty,
         );
-        let step = if span.is_disabled() {
-            self.decide_now(parts, &span)
-        } else {
+        if !span.is_disabled() {
+            return self.admit_now_traced(parts, span);
+        }
+        match self.decide_now(parts, &span) {
+            Ok((verdict, outcome)) => {
+                self.metrics.decision(outcome);
+                Ok(verdict)
+            }
+            Err(waiting) => Err(Pending { waiting, span }),
+        }
+    }
+
+    /// [`admit_now`](Self::admit_now) inside its span, when a subscriber
+    /// listens at debug level. Out of line and marked cold so that the
+    /// untraced path, every request's in production, is one compact run
+    /// of code rather than interleaved with a second copy of the decision.
+    #[cold]
+    #[inline(never)]
+    fn admit_now_traced(&self, parts: &mut Parts, span: tracing::Span) -> Result<Verdict, Pending> {
+        let step = {
             let _entered = span.enter();
             self.decide_now(parts, &span)
         };
@@ -65,10 +84,7 @@ impl Limiter {
                 self.record(outcome, &span);
                 Ok(verdict)
             }
-            Err(Waiting { key, cost, failed }) => Err(Pending {
-                waiting: Waiting { key, cost, failed },
-                span,
-            }),
+            Err(waiting) => Err(Pending { waiting, span }),
         }
     }
 
@@ -89,7 +105,6 @@ impl Limiter {
         verdict
     }
 
-    #[inline(always)]
     fn record(&self, outcome: Outcome, span: &tracing::Span) {
         self.metrics.decision(outcome);
         // Recording into a disabled span still walks its fields: skipped.
@@ -193,26 +208,12 @@ impl Limiter {
     #[allow(clippy::result_large_err)]
     #[inline(always)]
     fn identify(&self, parts: &mut Parts, span: &tracing::Span) -> Result<(Key, u64), Decided> {
-        match self.access.check(parts) {
-            None => {}
-            Some(Listed::Allowed) => {
-                return Err((Verdict::Pass(Pass::bare(None)), Outcome::AllowListed))
-            }
-            Some(Listed::Denied) => {
-                let response = response::denied(self.limited_status, &self.policy);
-                return Err((Verdict::Respond(response), Outcome::DenyListed));
-            }
+        if let Some(listed) = self.access.check(parts) {
+            return Err(self.listed(listed));
         }
         let key = match self.key.extract(parts) {
             Ok(key) => key,
-            Err(err) => {
-                tracing::debug!(policy = self.policy.name(), error = %err, "rate limit key not found");
-                if self.shadow {
-                    return Err((Verdict::Pass(Pass::bare(None)), Outcome::KeyError));
-                }
-                let response = response::unidentified(self.key_error_status, &err);
-                return Err((Verdict::Respond(response), Outcome::KeyError));
-            }
+            Err(err) => return Err(self.unidentified(err)),
         };
         if !span.is_disabled() {
             span.record("key", key.hashed());
@@ -222,6 +223,32 @@ impl Limiter {
             return Err((Verdict::Respond(response), outcome));
         }
         Ok((key, cost))
+    }
+
+    /// The verdict for a request on an access list: through undecided, or
+    /// refused. Out of line, to keep the decision's path compact.
+    #[inline(never)]
+    fn listed(&self, listed: Listed) -> Decided {
+        match listed {
+            Listed::Allowed => (Verdict::Pass(Pass::bare(None)), Outcome::AllowListed),
+            Listed::Denied => {
+                let response = response::denied(self.limited_status, &self.policy);
+                (Verdict::Respond(response), Outcome::DenyListed)
+            }
+        }
+    }
+
+    /// The verdict for a request whose key could not be taken: the key
+    /// error's response, or (in shadow mode) through undecided.
+    #[cold]
+    #[inline(never)]
+    fn unidentified(&self, err: KeyError) -> Decided {
+        tracing::debug!(policy = self.policy.name(), error = %err, "rate limit key not found");
+        if self.shadow {
+            return (Verdict::Pass(Pass::bare(None)), Outcome::KeyError);
+        }
+        let response = response::unidentified(self.key_error_status, &err);
+        (Verdict::Respond(response), Outcome::KeyError)
     }
 
     /// Turns a store's decision into the verdict: a rejection's response,
@@ -253,11 +280,7 @@ impl Limiter {
             (false, _) => Outcome::Limited,
         };
         if outcome == Outcome::Limited {
-            let mut response =
-                response::limited(self.limited_status, &self.policy, &decision, &self.headers);
-            if let Some(kind) = degraded {
-                mark_degraded(response.headers_mut(), kind, decider);
-            }
+            let response = self.rejection(&decision, decider, degraded);
             return (Verdict::Respond(response), outcome);
         }
         // A shadow-limited request goes on with `allowed == false` in its
@@ -265,7 +288,7 @@ impl Limiter {
         // headers (Remaining 0) without Retry-After. The store did not
         // charge it.
         if self.decision_extension {
-            parts.extensions.insert(decision.clone());
+            put_in_extensions(parts, &decision);
         }
         decision.retry_after = None;
         if self.shadow {
@@ -280,6 +303,23 @@ impl Limiter {
             degraded,
         };
         (Verdict::Pass(pass), outcome)
+    }
+
+    /// A rejection's response, marked when the decision was degraded. Out
+    /// of line: a 429 is answered by this call, a pass skips its code.
+    #[inline(never)]
+    fn rejection(
+        &self,
+        decision: &Decision,
+        decider: Decider,
+        degraded: Option<StoreErrorKind>,
+    ) -> Response<Body> {
+        let mut response =
+            response::limited(self.limited_status, &self.policy, decision, &self.headers);
+        if let Some(kind) = degraded {
+            mark_degraded(response.headers_mut(), kind, decider);
+        }
+        response
     }
 
     /// The caller's current state, without charging. It follows the
@@ -400,4 +440,12 @@ impl Limiter {
             .await
             .0
     }
+}
+
+/// Puts a copy of `decision` in the request's extensions, for handlers
+/// ([`RateLimitLayerBuilder::decision_extension`](crate::layer::RateLimitLayerBuilder::decision_extension)).
+/// Out of line: most layers do not ask for it.
+#[inline(never)]
+fn put_in_extensions(parts: &mut Parts, decision: &Decision) {
+    parts.extensions.insert(decision.clone());
 }

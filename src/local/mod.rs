@@ -60,6 +60,20 @@ impl LocalDecisions {
         key: &Key,
         cost: u64,
     ) -> Option<(Response<Body>, Outcome)> {
+        // Most layers have neither: their requests skip the call.
+        if self.throttle.is_none() && self.cache.is_none() {
+            return None;
+        }
+        self.decide_here(limiter, key, cost)
+    }
+
+    /// [`before_store`](Self::before_store) with a throttle or a cache.
+    fn decide_here(
+        &self,
+        limiter: &Limiter,
+        key: &Key,
+        cost: u64,
+    ) -> Option<(Response<Body>, Outcome)> {
         let policy = &limiter.policy;
         if let Some(throttle) = &self.throttle {
             if !throttle.admit(key) && !limiter.shadow {
