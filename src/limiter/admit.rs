@@ -121,14 +121,21 @@ impl Limiter {
             Ok(identified) => identified,
             Err(decided) => return Ok(decided),
         };
-        let Some(result) = self.ask_main_now(&key, cost) else {
-            return Err(Waiting {
-                key,
-                cost,
-                failed: None,
-            });
+        // Matched where it lies: each unwrapping of the decision would copy it.
+        let err = match self.ask_main_now(&key, cost) {
+            Some(Ok(decision)) => {
+                return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
+            }
+            Some(Err(err)) => err,
+            None => {
+                return Err(Waiting {
+                    key,
+                    cost,
+                    failed: None,
+                })
+            }
         };
-        let (key, local, kind) = match self.after_main(parts, key, cost, result, span) {
+        let (key, local, kind) = match self.after_failure(parts, key, err) {
             Ok(decided) => return Ok(decided),
             Err(fallback) => fallback,
         };
@@ -158,8 +165,13 @@ impl Limiter {
                 _ => return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen),
             },
             None => {
-                let result = self.ask_main(&key, cost).await;
-                match self.after_main(parts, key, cost, result, span) {
+                let err = match self.ask_main(&key, cost).await {
+                    Ok(decision) => {
+                        return self.judge(parts, key, cost, decision, Decider::Main, None, span)
+                    }
+                    Err(err) => err,
+                };
+                match self.after_failure(parts, key, err) {
                     Ok(decided) => return decided,
                     Err(fallback) => fallback,
                 }
@@ -171,29 +183,18 @@ impl Limiter {
         self.fallen_back(parts, key, cost, kind, result, span)
     }
 
-    /// What the main store's `result` comes to, whether it answered at once
-    /// ([`decide_now`](Self::decide_now)) or was awaited
-    /// ([`decide_later`](Self::decide_later)): its decision judged, or the
-    /// failure policy's verdict, or (a local fallback) the key handed back
-    /// with the store to ask instead.
-    // Not boxed: a verdict is every request's result, and boxing it would
-    // allocate on the path this split exists to keep allocation-free.
+    /// What a failure of the main store comes to, whether it answered at
+    /// once ([`decide_now`](Self::decide_now)) or was awaited
+    /// ([`decide_later`](Self::decide_later)): the failure policy's
+    /// verdict, or (a local fallback) the key handed back with the store to
+    /// ask instead.
     #[allow(clippy::result_large_err)]
-    #[inline(always)]
-    fn after_main(
+    fn after_failure(
         &self,
         parts: &mut Parts,
         key: Key,
-        cost: u64,
-        result: Result<Decision, StoreError>,
-        span: &tracing::Span,
+        err: StoreError,
     ) -> Result<Decided, (Key, &Arc<dyn Store>, StoreErrorKind)> {
-        let err = match result {
-            Ok(decision) => {
-                return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
-            }
-            Err(err) => err,
-        };
         match self.on_failure(parts, err) {
             Ok((local, kind)) => Err((key, local, kind)),
             Err(decided) => Ok(decided),
@@ -268,8 +269,6 @@ impl Limiter {
         if decider == Decider::Main {
             self.learn_from_main(&key, cost, &decision);
         }
-        let mut decision = decision;
-        decision.fallback = decider == Decider::Fallback;
         if !span.is_disabled() {
             span.record("remaining", decision.remaining);
         }
@@ -279,6 +278,7 @@ impl Limiter {
             (false, _) if self.shadow => Outcome::ShadowLimited,
             (false, _) => Outcome::Limited,
         };
+        let fallback = decider == Decider::Fallback;
         if outcome == Outcome::Limited {
             let response = self.rejection(&decision, decider, degraded);
             return (Verdict::Respond(response), outcome);
@@ -288,20 +288,25 @@ impl Limiter {
         // headers (Remaining 0) without Retry-After. The store did not
         // charge it.
         if self.decision_extension {
-            put_in_extensions(parts, &decision);
+            put_in_extensions(parts, &decision, fallback);
         }
-        decision.retry_after = None;
-        if self.shadow {
-            // Shadow mode never changes traffic: a leaky bucket's wait is
-            // recorded (the extension shows it) but not served.
-            decision.delay = None;
-        }
-        let pass = Pass {
+        // The decision goes into the pass as it came from the store and is
+        // amended there: each move of it on the way is a copy.
+        let mut pass = Pass {
             key: Some(key),
             decision: Some(decision),
             decider,
             degraded,
         };
+        if let Some(decision) = &mut pass.decision {
+            decision.fallback = fallback;
+            decision.retry_after = None;
+            if self.shadow {
+                // Shadow mode never changes traffic: a leaky bucket's wait
+                // is recorded (the extension shows it) but not served.
+                decision.delay = None;
+            }
+        }
         (Verdict::Pass(pass), outcome)
     }
 
@@ -409,11 +414,14 @@ impl Limiter {
         if self.cooling_down() {
             return Some(Err(StoreError::cooling_down()));
         }
-        let result = self.store.check_now(&self.policy, key, cost)?;
+        let answer = self.store.check_now(&self.policy, key, cost);
         // Not timed: the latency histogram measures waits on a store out of
-        // process, and an answer in process has none to show.
-        self.note_failure(key, &result);
-        Some(result)
+        // process, and an answer in process has none to show. Noted where
+        // it lies: unwrapped and wrapped again, the decision is copied.
+        if let Some(result) = &answer {
+            self.note_failure(key, result);
+        }
+        answer
     }
 
     /// What [`ask_main`](Self::ask_main) does with the main store's
@@ -446,6 +454,8 @@ impl Limiter {
 /// ([`RateLimitLayerBuilder::decision_extension`](crate::layer::RateLimitLayerBuilder::decision_extension)).
 /// Out of line: most layers do not ask for it.
 #[inline(never)]
-fn put_in_extensions(parts: &mut Parts, decision: &Decision) {
-    parts.extensions.insert(decision.clone());
+fn put_in_extensions(parts: &mut Parts, decision: &Decision, fallback: bool) {
+    let mut decision = decision.clone();
+    decision.fallback = fallback;
+    parts.extensions.insert(decision);
 }
