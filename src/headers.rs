@@ -189,6 +189,14 @@ impl PolicyHeaders {
     }
 
     /// Writes the chosen headers for `decision` into `headers`.
+    /// Whether a pass's response gets any header: a dialect is on. (A
+    /// pass carries no `Retry-After`.) Lets a layer that sends none skip
+    /// the call.
+    #[inline]
+    pub(crate) fn on_a_pass(&self) -> bool {
+        self.dialects.github() || self.dialects.ietf_draft
+    }
+
     pub(crate) fn apply(&self, headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
         if self.dialects.github() {
             headers.reserve(self.github_count);

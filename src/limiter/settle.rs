@@ -105,6 +105,9 @@ impl Limiter {
         if let Some(kind) = pass.degraded {
             mark_degraded(headers, kind, pass.decider);
         }
+        if !self.headers.on_a_pass() {
+            return;
+        }
         if let (Some(_), Some(decision)) = (&pass.key, &pass.decision) {
             self.headers.apply(headers, &self.policy, decision);
         }
