@@ -115,28 +115,6 @@ where
         Ok(Verdict::Pass(pass)) => Admitted::Queued(pass),
         Err(pending) => Admitted::Pending(pending),
     };
-    limit_later(inner, limiter, admitted, parts, body)
-}
-
-/// [`limit`]'s path for a request that awaits: the store's answer, or a
-/// leaky bucket's turn. Out of line, so that the path of a request decided
-/// at once stays compact; what this path awaits dwarfs a call.
-#[inline(never)]
-fn limit_later<S, ReqBody, ResBody>(
-    inner: &mut S,
-    limiter: &Arc<Limiter>,
-    admitted: Admitted,
-    mut parts: Parts,
-    body: ReqBody,
-) -> ResponseFuture<S::Future, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Send + 'static,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
     // The inner service is called later: take the one driven to
     // readiness and leave a fresh clone behind (tower's "be careful when
     // cloning inner services").

@@ -132,20 +132,6 @@ pub(crate) fn decide_windows(
             (decision, write)
         });
     }
-    decide_each_window(policy, shard, keys, now, cost, check)
-}
-
-/// [`decide_windows`] over several quotas, a lookup each. Out of line:
-/// most policies have one quota, and their path skips this code.
-#[inline(never)]
-fn decide_each_window(
-    policy: &Policy,
-    shard: &mut Shard,
-    keys: &KeyNames<'_>,
-    now: u64,
-    cost: u64,
-    check: impl FnOnce(&mut [Option<Window>], &[Quota], u64, u64) -> Decision,
-) -> Decision {
     with_slots(policy.quotas().len(), |windows| {
         for (slot, k) in windows.iter_mut().zip(keys.iter()) {
             if let Some(State::Window(w)) = shard.get(k, now) {

@@ -260,36 +260,6 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
 /// The sliding-window counter's home (see [`Algorithm`]).
 pub(crate) struct SlidingWindow;
 
-/// The decision over several quotas, a lookup each. Out of line: most
-/// policies have one quota, and their path skips this code.
-#[inline(never)]
-fn decide_each_counter(
-    policy: &Policy,
-    shard: &mut Shard,
-    keys: &KeyNames<'_>,
-    now: u64,
-    cost: u64,
-) -> Decision {
-    with_slots(policy.quotas().len(), |counters| {
-        for (slot, k) in counters.iter_mut().zip(keys.iter()) {
-            if let Some(State::Counter(c)) = shard.get(k, now) {
-                *slot = Some(*c);
-            }
-        }
-        let decision = check(counters, policy.quotas(), now, cost);
-        if decision.allowed && cost > 0 {
-            let counters = counters.iter().copied();
-            for ((k, c), q) in keys.iter().zip(counters).zip(policy.quotas()) {
-                if let Some(c) = c {
-                    let expires_at = c.stale_at(q.window_micros()) + EXPIRY_GRACE_MICROS;
-                    shard.put(k, State::Counter(c), expires_at);
-                }
-            }
-        }
-        decision
-    })
-}
-
 impl Algorithm for SlidingWindow {
     fn name(&self) -> &'static str {
         "sliding_window"
@@ -337,7 +307,24 @@ impl Algorithm for SlidingWindow {
                 (decision, write)
             });
         }
-        decide_each_counter(policy, shard, keys, now, cost)
+        with_slots(policy.quotas().len(), |counters| {
+            for (slot, k) in counters.iter_mut().zip(keys.iter()) {
+                if let Some(State::Counter(c)) = shard.get(k, now) {
+                    *slot = Some(*c);
+                }
+            }
+            let decision = check(counters, policy.quotas(), now, cost);
+            if decision.allowed && cost > 0 {
+                let counters = counters.iter().copied();
+                for ((k, c), q) in keys.iter().zip(counters).zip(policy.quotas()) {
+                    if let Some(c) = c {
+                        let expires_at = c.stale_at(q.window_micros()) + EXPIRY_GRACE_MICROS;
+                        shard.put(k, State::Counter(c), expires_at);
+                    }
+                }
+            }
+            decision
+        })
     }
 
     fn give_back(
