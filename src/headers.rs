@@ -188,7 +188,6 @@ impl PolicyHeaders {
         }
     }
 
-    /// Writes the chosen headers for `decision` into `headers`.
     /// Whether a pass's response gets any header: a dialect is on. (A
     /// pass carries no `Retry-After`.) Lets a layer that sends none skip
     /// the call.
@@ -197,6 +196,7 @@ impl PolicyHeaders {
         self.dialects.github() || self.dialects.ietf_draft
     }
 
+    /// Writes the chosen headers for `decision` into `headers`.
     pub(crate) fn apply(&self, headers: &mut HeaderMap, policy: &Policy, decision: &Decision) {
         if self.dialects.github() {
             headers.reserve(self.github_count);

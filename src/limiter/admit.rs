@@ -188,6 +188,8 @@ impl Limiter {
     /// ([`decide_later`](Self::decide_later)): the failure policy's
     /// verdict, or (a local fallback) the key handed back with the store to
     /// ask instead.
+    // Not boxed: the verdict goes back by value, as on the paths that
+    // answer at once, which must not allocate.
     #[allow(clippy::result_large_err)]
     fn after_failure(
         &self,
