@@ -21,6 +21,10 @@ use crate::metrics::{Outcome, Stopwatch};
 use crate::response;
 use crate::store::Store;
 
+/// The span of a request decided while no subscriber takes debug spans:
+/// disabled, and shared, so the untraced path neither makes nor drops one.
+static UNTRACED: tracing::Span = tracing::Span::none();
+
 /// A request [`Limiter::admit_now`] could not decide without awaiting the
 /// store; [`Limiter::admit_later`] goes on from here.
 pub(crate) struct Pending {
@@ -49,6 +53,29 @@ impl Limiter {
     /// awaited", measures what one path would add). The steps share all
     /// but the await.
     pub(crate) fn admit_now(&self, parts: &mut Parts) -> Result<Verdict, Pending> {
+        // No subscriber takes debug spans: none is made (nor dropped).
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
+            return self.admit_now_traced(parts);
+        }
+        match self.decide_now(parts, &UNTRACED) {
+            Ok((verdict, outcome)) => {
+                self.metrics.decision(outcome);
+                Ok(verdict)
+            }
+            Err(waiting) => Err(Pending {
+                waiting,
+                span: tracing::Span::none(),
+            }),
+        }
+    }
+
+    /// [`admit_now`](Self::admit_now) inside its span, when a subscriber
+    /// may listen at debug level. Out of line and marked cold so that the
+    /// untraced path, every request's in production, is one compact run
+    /// of code rather than interleaved with a second copy of the decision.
+    #[cold]
+    #[inline(never)]
+    fn admit_now_traced(&self, parts: &mut Parts) -> Result<Verdict, Pending> {
         let span = tracing::debug_span!(
             "rate_limit",
             policy = self.policy.name(),
@@ -56,25 +83,6 @@ impl Limiter {
             outcome = tracing::field::Empty,
             remaining = tracing::field::Empty,
         );
-        if !span.is_disabled() {
-            return self.admit_now_traced(parts, span);
-        }
-        match self.decide_now(parts, &span) {
-            Ok((verdict, outcome)) => {
-                self.metrics.decision(outcome);
-                Ok(verdict)
-            }
-            Err(waiting) => Err(Pending { waiting, span }),
-        }
-    }
-
-    /// [`admit_now`](Self::admit_now) inside its span, when a subscriber
-    /// listens at debug level. Out of line and marked cold so that the
-    /// untraced path, every request's in production, is one compact run
-    /// of code rather than interleaved with a second copy of the decision.
-    #[cold]
-    #[inline(never)]
-    fn admit_now_traced(&self, parts: &mut Parts, span: tracing::Span) -> Result<Verdict, Pending> {
         let step = {
             let _entered = span.enter();
             self.decide_now(parts, &span)
