@@ -97,10 +97,10 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let admitted = match limiter.admit_now(&mut parts) {
-        Ok(Verdict::Respond(response)) => return ResponseFuture::answered(response),
+        Ok((Verdict::Respond(response), _)) => return ResponseFuture::answered(response),
         // Decided without waiting (an in-process store): the inner
         // service, made ready in `poll_ready`, runs in place.
-        Ok(Verdict::Pass(pass)) if pass.delay().is_none() => {
+        Ok((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
             let guard = limiter
                 .release_guard(&pass)
                 .and_then(ReleaseGuard::keep_if_held);
@@ -112,7 +112,7 @@ where
             };
             return ResponseFuture::inner(future, settle);
         }
-        Ok(Verdict::Pass(pass)) => Admitted::Queued(pass),
+        Ok((Verdict::Pass(pass), _)) => Admitted::Queued(pass),
         Err(pending) => Admitted::Pending(pending),
     };
     // The inner service is called later: take the one driven to

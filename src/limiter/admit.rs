@@ -32,6 +32,16 @@ pub(crate) struct Pending {
     span: tracing::Span,
 }
 
+impl Pending {
+    /// Deciding stopped at `key`'s store call, inside `span`.
+    fn new(key: Key, cost: u64, failed: Option<StoreErrorKind>, span: &tracing::Span) -> Self {
+        Self {
+            waiting: Waiting { key, cost, failed },
+            span: span.clone(),
+        }
+    }
+}
+
 /// Where deciding stopped to await a store.
 struct Waiting {
     key: Key,
@@ -52,21 +62,19 @@ impl Limiter {
     /// then builds and polls no future (BENCHMARKS.md, "One decision path,
     /// awaited", measures what one path would add). The steps share all
     /// but the await.
-    pub(crate) fn admit_now(&self, parts: &mut Parts) -> Result<Verdict, Pending> {
+    ///
+    /// The verdict goes back with its outcome, as the decision built it:
+    /// re-wrapped into another type it would be copied.
+    pub(crate) fn admit_now(&self, parts: &mut Parts) -> Result<Decided, Pending> {
         // No subscriber takes debug spans: none is made (nor dropped).
         if tracing::level_enabled!(tracing::Level::DEBUG) {
             return self.admit_now_traced(parts);
         }
-        match self.decide_now(parts, &UNTRACED) {
-            Ok((verdict, outcome)) => {
-                self.metrics.decision(outcome);
-                Ok(verdict)
-            }
-            Err(waiting) => Err(Pending {
-                waiting,
-                span: tracing::Span::none(),
-            }),
+        let admitted = self.decide_now(parts, &UNTRACED);
+        if let Ok((_, outcome)) = &admitted {
+            self.metrics.decision(*outcome);
         }
+        admitted
     }
 
     /// [`admit_now`](Self::admit_now) inside its span, when a subscriber
@@ -75,7 +83,7 @@ impl Limiter {
     /// of code rather than interleaved with a second copy of the decision.
     #[cold]
     #[inline(never)]
-    fn admit_now_traced(&self, parts: &mut Parts) -> Result<Verdict, Pending> {
+    fn admit_now_traced(&self, parts: &mut Parts) -> Result<Decided, Pending> {
         let span = tracing::debug_span!(
             "rate_limit",
             policy = self.policy.name(),
@@ -83,17 +91,14 @@ impl Limiter {
             outcome = tracing::field::Empty,
             remaining = tracing::field::Empty,
         );
-        let step = {
+        let admitted = {
             let _entered = span.enter();
             self.decide_now(parts, &span)
         };
-        match step {
-            Ok((verdict, outcome)) => {
-                self.record(outcome, &span);
-                Ok(verdict)
-            }
-            Err(waiting) => Err(Pending { waiting, span }),
+        if let Ok((_, outcome)) = &admitted {
+            self.record(*outcome, &span);
         }
+        admitted
     }
 
     /// Goes on where [`admit_now`](Self::admit_now) stopped, awaiting the
@@ -124,7 +129,7 @@ impl Limiter {
 
     /// As far as the request can be decided without awaiting.
     #[inline(always)]
-    fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Result<Decided, Waiting> {
+    fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Result<Decided, Pending> {
         let (key, cost) = match self.identify(parts, span) {
             Ok(identified) => identified,
             Err(decided) => return Ok(decided),
@@ -135,13 +140,7 @@ impl Limiter {
                 return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
             }
             Some(Err(err)) => err,
-            None => {
-                return Err(Waiting {
-                    key,
-                    cost,
-                    failed: None,
-                })
-            }
+            None => return Err(Pending::new(key, cost, None, span)),
         };
         let (key, local, kind) = match self.after_failure(parts, key, err) {
             Ok(decided) => return Ok(decided),
@@ -150,11 +149,7 @@ impl Limiter {
         self.seed(local, &key);
         match local.check_now(&self.policy, &key, cost) {
             Some(result) => Ok(self.fallen_back(parts, key, cost, kind, result, span)),
-            None => Err(Waiting {
-                key,
-                cost,
-                failed: Some(kind),
-            }),
+            None => Err(Pending::new(key, cost, Some(kind), span)),
         }
     }
 
