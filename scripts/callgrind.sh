@@ -6,6 +6,9 @@
 #   scripts/callgrind.sh /strategies/unlimited /strategies/fixed_window
 #   LOAD_STORE=redis scripts/callgrind.sh /strategies/unlimited /strategies/fixed_window
 #   ZOO_LIMIT=1 scripts/callgrind.sh ...     # every request after the first is a 429
+#   ZOO_LIMIT=9999 ZOO_WINDOW_SECS=1 scripts/callgrind.sh ...   # headers' numbers
+#                                   # of four digits, as a quota of 9,999 a second
+#                                   # counts (valgrind serves a few thousand a second)
 #   CG_PROCESS=redis scripts/callgrind.sh /strategies/gcra   # Redis's side instead
 #   ZOO_BIN=/tmp/zoo-before scripts/callgrind.sh ...  # a build copied aside
 #   CG_SIM=1 scripts/callgrind.sh ...         # with cache and branch misses
@@ -97,7 +100,7 @@ fi
 
 zoo_port=$(port)
 REDIS_URL=$redis_url ZOO_ADDR="127.0.0.1:$zoo_port" ZOO_BENCH=1 \
-  ZOO_LIMIT="${ZOO_LIMIT:-3600000000}" ZOO_WINDOW_SECS=3600 RUST_LOG=warn \
+  ZOO_LIMIT="${ZOO_LIMIT:-3600000000}" ZOO_WINDOW_SECS="${ZOO_WINDOW_SECS:-3600}" RUST_LOG=warn \
   counted zoo "$zoo_bin" >"$out/zoo.log" 2>&1 &
 zoo=$!
 pids+=("$zoo")
@@ -128,7 +131,7 @@ for route in "$@"; do
   dump=$(ls -t "$out"/"$CG_PROCESS"."$target".* | head -1)
   instructions=$(awk '/^(summary|totals):/ { print $2; exit }' "$dump")
   # A rejecting run (ZOO_LIMIT set) is named apart, not over the passing one.
-  name="$out/$CG_PROCESS-$LOAD_STORE${ZOO_LIMIT:+-limit$ZOO_LIMIT}$(echo "$route" | tr / _)"
+  name="$out/$CG_PROCESS-$LOAD_STORE${ZOO_LIMIT:+-limit$ZOO_LIMIT}${ZOO_WINDOW_SECS:+-per$ZOO_WINDOW_SECS}$(echo "$route" | tr / _)"
   mv "$dump" "$name"
   # The layer's own share (tollgate's or tower_governor's), when there is one.
   layer=

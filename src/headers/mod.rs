@@ -1,13 +1,13 @@
 //! Telling clients where they stand: GitHub-style `X-RateLimit-*` headers,
 //! `Retry-After`, and optionally the IETF draft's `RateLimit` fields.
 
-use std::cell::RefCell;
+mod values;
 
-use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
 use crate::quota::Policy;
+use values::{number, reset_value, shared};
 
 static LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -167,7 +167,7 @@ impl PolicyHeaders {
             .iter()
             .map(|q| {
                 let limit = u64::from(q.limit());
-                (limit, shared(itoa::Buffer::new().format(limit)))
+                (limit, number(limit))
             })
             .collect();
         let resource = HeaderValue::from_str(policy.name())
@@ -233,8 +233,8 @@ impl PolicyHeaders {
     }
 
     /// GitHub's headers, the chosen ones. Limit and Resource are
-    /// prebuilt; the numbers that change are written into a per-thread
-    /// arena and sliced out of it, so a response allocates nothing for them.
+    /// prebuilt; the numbers that change come from [`values`], which
+    /// allocates nothing for them per response.
     fn github(&self, headers: &mut HeaderMap, decision: &Decision) {
         let sends = |header| self.dialects.sends(header);
         if sends(GithubHeader::Limit) {
@@ -244,21 +244,11 @@ impl PolicyHeaders {
             };
             headers.insert(LIMIT.clone(), limit);
         }
-        let changing = [
-            (GithubHeader::Remaining, &REMAINING, decision.remaining),
-            (GithubHeader::Used, &USED, decision.used),
-        ];
-        if changing.iter().all(|(h, _, _)| sends(*h)) {
-            // Both: cut from the arena at once.
-            let values = numbers(changing.map(|(_, _, n)| n));
-            for ((_, header, _), value) in changing.into_iter().zip(values) {
-                insert_number(headers, header, value);
-            }
-        } else {
-            for (_, header, n) in changing.into_iter().filter(|(h, _, _)| sends(*h)) {
-                let [value] = numbers([n]);
-                insert_number(headers, header, value);
-            }
+        if sends(GithubHeader::Remaining) {
+            headers.insert(REMAINING.clone(), number(decision.remaining));
+        }
+        if sends(GithubHeader::Used) {
+            headers.insert(USED.clone(), number(decision.used));
         }
         if sends(GithubHeader::Reset) {
             headers.insert(RESET.clone(), reset_value(decision.reset_epoch_secs()));
@@ -271,72 +261,6 @@ impl PolicyHeaders {
             headers.insert(RESOURCE.clone(), resource.clone());
         }
     }
-}
-
-/// Inserts `header: value`, digits cut from the arena.
-fn insert_number(headers: &mut HeaderMap, header: &HeaderName, value: Bytes) {
-    if let Ok(value) = HeaderValue::from_maybe_shared(value) {
-        headers.insert(header.clone(), value);
-    }
-}
-
-thread_local! {
-    /// The last `X-RateLimit-Reset` this thread wrote, with its value: a
-    /// window's responses share one reset second (a fixed window's for the
-    /// whole window), so it is built once per second, not per response.
-    static LAST_RESET: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
-}
-
-/// `secs` as a header value, reusing the last one built when it is the same.
-fn reset_value(secs: u64) -> HeaderValue {
-    LAST_RESET.with_borrow_mut(|last| match last {
-        Some((last, value)) if *last == secs => value.clone(),
-        _ => last.insert((secs, number(secs))).1.clone(),
-    })
-}
-
-/// Bytes of header digits carved per allocation: over a hundred responses.
-const ARENA_BYTES: usize = 4096;
-
-thread_local! {
-    /// Where this thread writes header digits. Each response's slices share
-    /// the chunk by reference count; a chunk is freed when the last response
-    /// cut from it is gone, and replaced when it runs short.
-    static ARENA: RefCell<BytesMut> = RefCell::new(BytesMut::new());
-}
-
-/// `ns` in decimal, as slices of one shared buffer.
-fn numbers<const N: usize>(ns: [u64; N]) -> [Bytes; N] {
-    ARENA.with_borrow_mut(|arena| {
-        if arena.capacity() - arena.len() < N * 20 {
-            *arena = BytesMut::with_capacity(ARENA_BYTES.max(N * 20));
-        }
-        let mut ends = [0; N];
-        let mut digits = itoa::Buffer::new();
-        for (end, n) in ends.iter_mut().zip(ns) {
-            arena.extend_from_slice(digits.format(n).as_bytes());
-            *end = arena.len();
-        }
-        let all = arena.split().freeze();
-        let mut start = 0;
-        ends.map(|end| {
-            let value = all.slice(start..end);
-            start = end;
-            value
-        })
-    })
-}
-
-/// `n` in decimal as a header value.
-fn number(n: u64) -> HeaderValue {
-    shared(itoa::Buffer::new().format(n))
-}
-
-/// A header value of `text`, which the caller knows is valid. After its
-/// first clone, clones share its buffer (a reference count, no copy).
-fn shared(text: &str) -> HeaderValue {
-    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(text.as_bytes()))
-        .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// The policy's name, suffixed with the quota index when it has several.
@@ -373,39 +297,6 @@ mod tests {
         assert_eq!(headers["x-ratelimit-reset"], "11");
         assert_eq!(headers["x-ratelimit-resource"], "core");
         assert!(!headers.contains_key(RETRY_AFTER));
-    }
-
-    #[test]
-    fn a_reset_value_is_rebuilt_exactly_when_the_second_changes() {
-        for secs in [
-            1_795_000_000,
-            1_795_000_000,
-            1_795_000_001,
-            0,
-            0,
-            u64::MAX,
-            u64::MAX,
-        ] {
-            assert_eq!(reset_value(secs).as_bytes(), secs.to_string().as_bytes());
-        }
-        // The same second shares one buffer; the next second has its own.
-        let (a, b) = (reset_value(7), reset_value(7));
-        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr());
-        assert_eq!(reset_value(8).as_bytes(), b"8");
-    }
-
-    #[test]
-    fn numbers_cut_from_the_arena_stay_intact_across_chunks() {
-        // Enough responses to fill several chunks; every value is kept
-        // alive, so later chunks must never write over earlier ones.
-        let kept: Vec<_> = (0..1_000u64)
-            .map(|i| (i, numbers([i, u64::MAX - i, 1_795_000_000 + i])))
-            .collect();
-        for (i, [a, b, c]) in kept {
-            assert_eq!(&a[..], i.to_string().as_bytes());
-            assert_eq!(&b[..], (u64::MAX - i).to_string().as_bytes());
-            assert_eq!(&c[..], (1_795_000_000 + i).to_string().as_bytes());
-        }
     }
 
     #[test]
