@@ -13,7 +13,7 @@ use axum::extract::ConnectInfo;
 use http::request::Parts;
 use ipnet::IpNet;
 
-use super::{Key, KeyExtractor};
+use super::{Key, KeyExtractor, ASCII_MAX};
 use crate::error::{ConfigError, KeyError};
 
 const DEFAULT_IPV6_PREFIX: u8 = 64;
@@ -286,15 +286,14 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
     }
 }
 
-/// `ip:a.b.c.d`, written on the stack from a table of the 256 octets'
-/// digits and kept inline in the key (no allocation): `format!` through
-/// `Ipv4Addr`'s `Display`, or formatting each octet, cost more than the
-/// rest of taking the key.
+/// `ip:a.b.c.d`, written in place in the key from a table of the 256
+/// octets' digits (no allocation, nothing to check or copy): `format!`
+/// through `Ipv4Addr`'s `Display`, or formatting each octet, cost more
+/// than the rest of taking the key.
 fn ipv4_key(v4: Ipv4Addr) -> Key {
     // Room to write every octet's three digit places whole (fixed-size
-    // copies, no call), keeping only its own.
-    let mut text = Text([0; 33]);
-    let text = &mut text.0;
+    // copies, no call), keeping only its own: "ip:255.255.255.255" is 18.
+    let mut text = [0; ASCII_MAX];
     text[..3].copy_from_slice(b"ip:");
     let mut len = 3;
     for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -306,18 +305,9 @@ fn ipv4_key(v4: Ipv4Addr) -> Key {
         text[len..len + 3].copy_from_slice(&digits);
         len += usize::from(n);
     }
-    // Only ASCII digits, dots and "ip:" were written, and zeros after.
-    let text = std::str::from_utf8(text).unwrap_or_default();
-    Key::trusted(text.get(..len).unwrap_or_default())
+    // Only ASCII digits, dots and "ip:".
+    Key::ascii(text, len)
 }
-
-/// Where [`ipv4_key`] writes: the longest key ("ip:255.255.255.255") and
-/// zeros after, validated whole. `str::from_utf8` checks ASCII a word pair
-/// at a time from an aligned start up to 16 bytes before the end, and
-/// byte by byte after: 33 aligned bytes are two word pairs and one byte,
-/// where the key's own length alone is checked byte by byte.
-#[repr(C, align(8))]
-struct Text([u8; 33]);
 
 /// Each octet's decimal digits, after their count.
 static OCTETS: [[u8; 4]; 256] = {
