@@ -112,6 +112,11 @@ impl Key {
         }
     }
 
+    /// The text's length in bytes, without reading it as text.
+    pub(crate) fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
+
     #[inline]
     fn as_bytes(&self) -> &[u8] {
         match &self.0 {

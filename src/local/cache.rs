@@ -261,7 +261,7 @@ impl DecisionCache {
     }
 
     fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
-        let i = self.hasher.hash_one(key.as_str()) as usize % self.shards.len();
+        let i = self.hasher.hash_one(key) as usize % self.shards.len();
         lock(&self.shards[i])
     }
 }

@@ -75,7 +75,7 @@ impl KeySpace {
     /// (the list itself is inline up to two), nothing else.
     pub(crate) fn quota_keys(&self, policy: &Policy, key: &Key) -> KeyList {
         // The key can appear twice: in the tag, and in a consumer's name.
-        let room = self.prefix.len() + policy.name().len() + 2 * key.as_str().len() + 40;
+        let room = self.prefix.len() + policy.name().len() + 2 * key.len() + 40;
         (0..key_count(policy))
             .map(|i| {
                 let mut name = String::with_capacity(room);
