@@ -6,9 +6,9 @@
 #   scripts/callgrind.sh /strategies/unlimited /strategies/fixed_window
 #   LOAD_STORE=redis scripts/callgrind.sh /strategies/unlimited /strategies/fixed_window
 #   ZOO_LIMIT=1 scripts/callgrind.sh ...     # every request after the first is a 429
-#   ZOO_LIMIT=9999 ZOO_WINDOW_SECS=1 scripts/callgrind.sh ...   # headers' numbers
-#                                   # of four digits, as a quota of 9,999 a second
-#                                   # counts (valgrind serves a few thousand a second)
+#   ZOO_LIMIT=9999 ZOO_WINDOW_SECS=1 scripts/callgrind.sh ...   # headers with a
+#                                   # real quota's four-digit numbers (under
+#                                   # valgrind the zoo stays below that rate: no 429s)
 #   CG_PROCESS=redis scripts/callgrind.sh /strategies/gcra   # Redis's side instead
 #   ZOO_BIN=/tmp/zoo-before scripts/callgrind.sh ...  # a build copied aside
 #   CG_SIM=1 scripts/callgrind.sh ...         # with cache and branch misses

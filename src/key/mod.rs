@@ -49,14 +49,12 @@ pub struct Key(Repr);
 
 #[derive(Clone)]
 enum Repr {
+    /// Escaped text: inline up to 23 bytes, shared when longer.
     Text(SmolStr),
     /// ASCII written in place by [`Key::ascii`] (a peer's address): an
     /// in-process store hashes and compares the bytes, and only a reader
     /// of the text (the Redis store, logs) checks them into a `str`.
-    Ascii {
-        len: u8,
-        bytes: [u8; ASCII_MAX],
-    },
+    Ascii { len: u8, bytes: [u8; ASCII_MAX] },
 }
 
 /// The most bytes [`Key::ascii`] keeps in place.
@@ -107,7 +105,7 @@ impl Key {
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Text(text) => text,
-            // Only ASCII is written in place; an empty key could not be.
+            // Only ASCII is written in place: the check never fails.
             Repr::Ascii { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
         }
     }
