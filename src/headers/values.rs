@@ -11,6 +11,7 @@ use http::header::HeaderValue;
 /// `n` in decimal as a header value.
 pub(super) fn number(n: u64) -> HeaderValue {
     match small(n) {
+        // Digits only: `from_static`'s check of each byte always passes.
         Some(digits) => HeaderValue::from_static(digits),
         None => cut_from_arena(n),
     }
@@ -24,7 +25,7 @@ pub(super) fn shared(text: &str) -> HeaderValue {
 }
 
 /// Numbers below this are slices of [`SMALL`]: every count of a quota of
-/// up to 10,000, and a `Retry-After` under two and three-quarter hours.
+/// up to 9,999, and a `Retry-After` under two and three-quarter hours.
 /// Neither making the value nor cloning or dropping it allocates or
 /// touches a reference count.
 const SMALL_BELOW: usize = 10_000;
