@@ -7,7 +7,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
 use crate::quota::Policy;
-use values::{number, reset_value, shared};
+use values::{kept_number, number, reset_value, shared};
 
 static LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -167,7 +167,7 @@ impl PolicyHeaders {
             .iter()
             .map(|q| {
                 let limit = u64::from(q.limit());
-                (limit, number(limit))
+                (limit, kept_number(limit))
             })
             .collect();
         let resource = HeaderValue::from_str(policy.name())

@@ -17,11 +17,25 @@ pub(super) fn number(n: u64) -> HeaderValue {
     }
 }
 
+/// `n` as a header value kept for a layer's life (a quota's limit): from
+/// the table, or a buffer of its own rather than an arena slice, which
+/// would keep the whole chunk alive as long.
+pub(super) fn kept_number(n: u64) -> HeaderValue {
+    match small(n) {
+        Some(digits) => HeaderValue::from_static(digits),
+        None => shared(itoa::Buffer::new().format(n)),
+    }
+}
+
 /// A header value of `text`, which the caller knows is valid, built once
 /// (a policy's name): clones share its buffer (a reference count, no copy).
 pub(super) fn shared(text: &str) -> HeaderValue {
-    HeaderValue::from_maybe_shared(Bytes::copy_from_slice(text.as_bytes()))
-        .unwrap_or_else(|_| HeaderValue::from_static(""))
+    checked(Bytes::copy_from_slice(text.as_bytes()))
+}
+
+/// `bytes` as a header value; never fails for the digits and names given.
+fn checked(bytes: Bytes) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Numbers below this are slices of [`SMALL`]: every count of a quota of
@@ -117,7 +131,7 @@ fn cut_from_arena(n: u64) -> HeaderValue {
         arena.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         arena.split().freeze()
     });
-    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from_static(""))
+    checked(digits)
 }
 
 #[cfg(test)]
@@ -129,6 +143,9 @@ mod tests {
         for n in 0..SMALL_BELOW as u64 {
             assert_eq!(small(n), Some(n.to_string().as_str()));
             assert_eq!(number(n).as_bytes(), n.to_string().as_bytes());
+        }
+        for n in [0, 9_999, 10_000, u64::MAX] {
+            assert_eq!(kept_number(n).as_bytes(), n.to_string().as_bytes());
         }
         assert_eq!(small(SMALL_BELOW as u64), None);
         assert_eq!(small(u64::MAX), None);
