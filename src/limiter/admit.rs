@@ -134,13 +134,24 @@ impl Limiter {
             Ok(identified) => identified,
             Err(decided) => return Ok(decided),
         };
-        // Matched where it lies: each unwrapping of the decision would copy it.
-        let err = match self.ask_main_now(&key, cost) {
-            Some(Ok(decision)) => {
-                return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span))
+        // The store's answer is matched where the call leaves it, and noted
+        // in its arm: each binding or re-wrapping of the decision would copy it.
+        // Not timed: the latency histogram measures waits on a store out of
+        // process, and an answer in process has none to show.
+        let err = if self.cooling_down() {
+            StoreError::cooling_down()
+        } else {
+            match self.store.check_now(&self.policy, &key, cost) {
+                Some(Ok(decision)) => {
+                    self.note_answer();
+                    return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span));
+                }
+                Some(Err(err)) => {
+                    self.note_failure(&key, &err);
+                    err
+                }
+                None => return Err(Pending::new(key, cost, None, span)),
             }
-            Some(Err(err)) => err,
-            None => return Err(Pending::new(key, cost, None, span)),
         };
         let (key, local, kind) = match self.after_failure(parts, key, err) {
             Ok(decided) => return Ok(decided),
@@ -412,23 +423,6 @@ impl Limiter {
         self.answered_main(key, result, waited)
     }
 
-    /// [`ask_main`](Self::ask_main) for a store that answers at once; `None`
-    /// if it cannot.
-    #[inline(always)]
-    fn ask_main_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, StoreError>> {
-        if self.cooling_down() {
-            return Some(Err(StoreError::cooling_down()));
-        }
-        let answer = self.store.check_now(&self.policy, key, cost);
-        // Not timed: the latency histogram measures waits on a store out of
-        // process, and an answer in process has none to show. Noted where
-        // it lies: unwrapped and wrapped again, the decision is copied.
-        if let Some(result) = &answer {
-            self.note_failure(key, result);
-        }
-        answer
-    }
-
     /// What [`ask_main`](Self::ask_main) does with the main store's
     /// answer: time it, and note a failure (starting the cooldown) or an
     /// answer.
@@ -439,7 +433,7 @@ impl Limiter {
         waited: Stopwatch,
     ) -> Result<Decision, StoreError> {
         self.metrics.store_latency(waited);
-        self.note_failure(key, &result);
+        self.note_result(key, &result);
         result
     }
 

@@ -101,14 +101,18 @@ impl Limiter {
         skip_until != 0 && monotonic_nanos() < skip_until
     }
 
-    /// Counts a failed main-store call and starts the cooldown; logs the
-    /// start of an outage (a warning) and its end (an info line), calls in
-    /// between at debug.
-    pub(super) fn note_failure<T>(&self, key: &Key, result: &Result<T, StoreError>) {
-        let err = match result {
-            Ok(_) => return self.note_answer(),
-            Err(err) => err,
-        };
+    /// Notes a main-store call's result: an answer (which may end an
+    /// outage) or a failure ([`note_failure`](Self::note_failure)).
+    pub(super) fn note_result<T>(&self, key: &Key, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => self.note_answer(),
+            Err(err) => self.note_failure(key, err),
+        }
+    }
+
+    /// Counts a failed main-store call and starts the cooldown; logs it as
+    /// a warning if it starts an outage, else at debug.
+    pub(super) fn note_failure(&self, key: &Key, err: &StoreError) {
         self.note_error(key, err);
         if !self.cooldown.is_zero() {
             let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;

@@ -119,17 +119,16 @@ pub(crate) fn decide_windows(
 ) -> Decision {
     if let [quota] = policy.quotas() {
         // One window: read and written in one lookup.
-        return shard.update(keys.first(), now, |live| {
+        return shard.update(keys.first(), now, |live, write| {
             let mut window = [match live {
                 Some(State::Window(w)) => Some(*w),
                 _ => None,
             }];
             let decision = check(&mut window, std::slice::from_ref(quota), now, cost);
-            let charged = (decision.allowed && cost > 0)
-                .then_some(window[0])
-                .flatten();
-            let write = charged.map(|w| (State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS));
-            (decision, write)
+            if let (true, true, [Some(w)]) = (decision.allowed, cost > 0, window) {
+                *write = Some((State::Window(w), w.reset_at + EXPIRY_GRACE_MICROS));
+            }
+            decision
         });
     }
     with_slots(policy.quotas().len(), |windows| {

@@ -154,17 +154,16 @@ impl Algorithm for Gcra {
         cost: u64,
     ) -> Decision {
         let burst = burst_of(policy.strategy());
-        shard.update(keys.first(), now, |live| {
+        shard.update(keys.first(), now, |live, write| {
             let mut tat = match live {
                 Some(State::Tat(at)) => Some(*at),
                 _ => None,
             };
             let decision = check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
-            let charged = (decision.allowed && cost > 0).then_some(tat).flatten();
-            (
-                decision,
-                charged.map(|at| (State::Tat(at), at + EXPIRY_GRACE_MICROS)),
-            )
+            if let (true, true, Some(at)) = (decision.allowed, cost > 0, tat) {
+                *write = Some((State::Tat(at), at + EXPIRY_GRACE_MICROS));
+            }
+            decision
         })
     }
 

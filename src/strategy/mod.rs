@@ -280,7 +280,9 @@ pub(crate) trait Algorithm: Sync {
     /// The memory store's decision, under the lock of `shard`, which holds
     /// the decision's keys (named `keys`, one per quota): this strategy's
     /// [`State`](crate::store::memory::State) read, checked by the model
-    /// and written back with its expiry.
+    /// and written back with its expiry. The decision says whose budget its
+    /// reported quota is ([`Decision::scoped`], by
+    /// [`scope_of`](Self::scope_of)).
     fn decide(
         &self,
         policy: &Policy,

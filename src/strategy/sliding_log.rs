@@ -285,7 +285,8 @@ impl Algorithm for SlidingLog {
                 None => shard.remove(k),
             }
         }
-        decision
+        let scope = self.scope_of(decision.quota);
+        decision.scoped(scope)
     }
 
     fn give_back(

@@ -291,20 +291,17 @@ impl Algorithm for SlidingWindow {
     ) -> Decision {
         if let [quota] = policy.quotas() {
             // One counter: read and written in one lookup.
-            return shard.update(keys.first(), now, |live| {
+            return shard.update(keys.first(), now, |live, write| {
                 let mut counter = [match live {
                     Some(State::Counter(c)) => Some(*c),
                     _ => None,
                 }];
                 let decision = check(&mut counter, std::slice::from_ref(quota), now, cost);
-                let charged = (decision.allowed && cost > 0)
-                    .then_some(counter[0])
-                    .flatten();
-                let write = charged.map(|c| {
+                if let (true, true, [Some(c)]) = (decision.allowed, cost > 0, counter) {
                     let expires_at = c.stale_at(quota.window_micros()) + EXPIRY_GRACE_MICROS;
-                    (State::Counter(c), expires_at)
-                });
-                (decision, write)
+                    *write = Some((State::Counter(c), expires_at));
+                }
+                decision
             });
         }
         with_slots(policy.quotas().len(), |counters| {

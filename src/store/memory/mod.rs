@@ -155,11 +155,11 @@ impl MemoryStore {
 
     fn decide(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
         let algorithm = policy.strategy().algorithm();
-        let decision = self.with_shard(policy, key, |shard, keys, now| {
+        // Returned as the algorithm made it (scope included): amended here,
+        // the decision would be copied once more.
+        self.with_shard(policy, key, |shard, keys, now| {
             algorithm.decide(policy, shard, keys, now, cost)
-        });
-        let scope = policy.strategy().scope_of(decision.quota);
-        decision.scoped(scope)
+        })
     }
 
     /// Removes `key`'s own entries under `policy`, under the shard's lock.

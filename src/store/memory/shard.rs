@@ -111,36 +111,35 @@ impl Shard {
     }
 
     /// Reads `name`'s live state (`None` when absent or expired) and writes
-    /// the state and expiry (µs) `decide` returns beside its answer (`None`
-    /// leaves the entry as it is). One probe for a key already stored,
-    /// where [`get`](Self::get) then [`put`](Self::put) take two: a hot
-    /// key's decision.
+    /// the state and expiry (µs) `decide` puts in its second argument
+    /// (left `None`, the entry stays as it is). One probe for a key already
+    /// stored, where [`get`](Self::get) then [`put`](Self::put) take two: a
+    /// hot key's decision. The answer comes back as `decide` returned it,
+    /// not paired with the write: a decision is large, and each repacking
+    /// copies it.
     #[inline]
     pub(crate) fn update<T>(
         &mut self,
         name: Name<'_>,
         now: u64,
-        decide: impl FnOnce(Option<&State>) -> (T, Option<(State, u64)>),
+        decide: impl FnOnce(Option<&State>, &mut Option<(State, u64)>) -> T,
     ) -> T {
-        if let Some(entry) = self.entry_mut(name) {
-            let live = (entry.expires_at > now).then_some(&entry.state);
-            let (answer, write) = decide(live);
-            if let Some((state, expires_at)) = write {
+        let mut write = None;
+        // One call of `decide`, so that it is inlined once, here.
+        let entry = self.entry_mut(name);
+        let live = entry.as_deref().filter(|e| e.expires_at > now);
+        let answer = decide(live.map(|e| &e.state), &mut write);
+        match (write, entry) {
+            (Some((state, expires_at)), Some(entry)) => {
                 entry.state = state;
                 entry.expires_at = expires_at;
             }
-            return answer;
-        }
-        let (answer, write) = decide(None);
-        if let Some((state, expires_at)) = write {
-            self.insert(name, state, expires_at);
+            (Some((state, expires_at)), None) => self.insert(name, state, expires_at),
+            (None, _) => {}
         }
         answer
     }
 
-    /// The live state under `name`, with its expiry (µs), to change in
-    /// place: a strategy may move its state out and leave an empty one, so
-    /// the entry is not given up and made again.
     pub(crate) fn get_mut_with_expiry(
         &mut self,
         name: Name<'_>,
