@@ -96,22 +96,31 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let admitted = match limiter.admit_now(&mut parts) {
-        Ok((Verdict::Respond(response), _)) => return ResponseFuture::answered(response),
-        // Decided without waiting (an in-process store): the inner
-        // service, made ready in `poll_ready`, runs in place.
-        Ok((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
+    let decided = limiter.admit_now(&mut parts);
+    // Decided without waiting (an in-process store): the inner service,
+    // made ready in `poll_ready`, runs in place. The pass is looked at
+    // where it lies and moved once, into the future, after the inner call.
+    if let Ok((Verdict::Pass(pass), _)) = &decided {
+        if pass.delay().is_none() {
             let guard = limiter
-                .release_guard(&pass)
+                .release_guard(pass)
                 .and_then(ReleaseGuard::keep_if_held);
             let future = inner.call(Request::from_parts(parts, body));
-            let settle = Settle {
-                limiter: limiter.clone(),
-                pass,
-                guard,
+            let Ok((Verdict::Pass(pass), _)) = decided else {
+                unreachable!("matched above")
             };
-            return ResponseFuture::inner(future, settle);
+            return ResponseFuture::inner(
+                future,
+                Settle {
+                    limiter: limiter.clone(),
+                    pass,
+                    guard,
+                },
+            );
         }
+    }
+    let admitted = match decided {
+        Ok((Verdict::Respond(response), _)) => return ResponseFuture::answered(response),
         Ok((Verdict::Pass(pass), _)) => Admitted::Queued(pass),
         Err(pending) => Admitted::Pending(pending),
     };
