@@ -68,7 +68,7 @@ pub struct RateLimitLayerBuilder {
     failure: FailurePolicy,
     limited_status: StatusCode,
     key_error_status: StatusCode,
-    refund_when: Arc<crate::limiter::RefundFn>,
+    refund_when: crate::limiter::RefundWhen,
     headers: RateLimitHeaders,
     shadow: bool,
     decision_extension: bool,
@@ -88,7 +88,7 @@ impl Default for RateLimitLayerBuilder {
             failure: FailurePolicy::default(),
             limited_status: StatusCode::TOO_MANY_REQUESTS,
             key_error_status: StatusCode::BAD_REQUEST,
-            refund_when: Arc::new(|status| status == StatusCode::NOT_MODIFIED),
+            refund_when: crate::limiter::RefundWhen::NotModified,
             headers: RateLimitHeaders::default(),
             shadow: false,
             decision_extension: false,
@@ -180,7 +180,7 @@ impl RateLimitLayerBuilder {
         mut self,
         refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.refund_when = Arc::new(refund);
+        self.refund_when = crate::limiter::RefundWhen::Custom(Arc::new(refund));
         self
     }
 

@@ -35,6 +35,26 @@ pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 /// Whether a response's status makes its charge refundable.
 pub(crate) type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
+/// Which statuses are refunded: the default, checked in line on every
+/// response, or the caller's own rule.
+#[derive(Clone)]
+pub(crate) enum RefundWhen {
+    /// `304 Not Modified` only.
+    NotModified,
+    /// [`RateLimitLayerBuilder::refund_when`](crate::layer::RateLimitLayerBuilder::refund_when)'s rule.
+    Custom(Arc<RefundFn>),
+}
+
+impl RefundWhen {
+    #[inline]
+    pub(crate) fn matches(&self, status: StatusCode) -> bool {
+        match self {
+            RefundWhen::NotModified => status == StatusCode::NOT_MODIFIED,
+            RefundWhen::Custom(refund) => refund(status),
+        }
+    }
+}
+
 /// Put in the request's extensions when the store failed and the request was
 /// let through or decided locally, so handlers can tell.
 ///
@@ -60,7 +80,7 @@ pub(crate) struct Limiter {
     pub(crate) failure: FailurePolicy,
     pub(crate) limited_status: StatusCode,
     pub(crate) key_error_status: StatusCode,
-    pub(crate) refund_when: Arc<RefundFn>,
+    pub(crate) refund_when: RefundWhen,
     pub(crate) headers: PolicyHeaders,
     /// Decide and count, but never reject (deny-lists aside).
     pub(crate) shadow: bool,

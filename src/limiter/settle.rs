@@ -23,6 +23,10 @@ impl Limiter {
     /// refund must be awaited instead ([`settle`](Self::settle)); nothing
     /// was written then. The pass is settled where it lies: it is the
     /// largest thing a response carries, and moving it costs a copy.
+    ///
+    /// In line, up to the common case: nothing to give back and nothing to
+    /// write (a layer without headers on a pass) returns at once.
+    #[inline]
     pub(crate) fn settle_now(
         &self,
         pass: &mut Pass,
@@ -30,14 +34,24 @@ impl Limiter {
         headers: &mut HeaderMap,
     ) -> bool {
         if self.refund_due(pass, status) {
-            let refunded = self
-                .charge_of(pass)
-                .and_then(|(store, key, receipt)| store.refund_now(&self.policy, key, receipt));
-            let Some(result) = refunded else {
-                return false;
-            };
-            self.refunded(pass, result);
+            return self.refund_now_and_write(pass, headers);
         }
+        if pass.degraded.is_some() || self.headers.on_a_pass() {
+            self.write_headers(pass, headers);
+        }
+        true
+    }
+
+    /// [`settle_now`](Self::settle_now) with a refund due.
+    #[inline(never)]
+    fn refund_now_and_write(&self, pass: &mut Pass, headers: &mut HeaderMap) -> bool {
+        let refunded = self
+            .charge_of(pass)
+            .and_then(|(store, key, receipt)| store.refund_now(&self.policy, key, receipt));
+        let Some(result) = refunded else {
+            return false;
+        };
+        self.refunded(pass, result);
         self.write_headers(pass, headers);
         true
     }
@@ -54,6 +68,7 @@ impl Limiter {
     }
 
     /// Whether `pass`'s charge goes back, the response being `status`.
+    #[inline]
     fn refund_due(&self, pass: &Pass, status: StatusCode) -> bool {
         // A held slot (concurrency) is given back when the body ends, by its
         // release guard, whatever the status. Releasing here as well would be
@@ -64,7 +79,7 @@ impl Limiter {
                 .decision
                 .as_ref()
                 .is_some_and(|d| !d.receipt.is_empty())
-            && (self.refund_when)(status)
+            && self.refund_when.matches(status)
             && !self.holds_until_response_ends
     }
 
