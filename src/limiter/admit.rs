@@ -134,10 +134,10 @@ impl Limiter {
             Ok(identified) => identified,
             Err(decided) => return Ok(decided),
         };
-        // The store's answer is matched where the call leaves it, and noted
-        // in its arm: each binding or re-wrapping of the decision would copy it.
-        // Not timed: the latency histogram measures waits on a store out of
-        // process, and an answer in process has none to show.
+        // The store's answer is matched where the call leaves it and noted
+        // in its arm: each binding or re-wrapping of the decision would
+        // copy it. Not timed: the latency histogram measures waits on a
+        // store out of process, and an answer in process has none to show.
         let err = if self.cooling_down() {
             StoreError::cooling_down()
         } else {

@@ -140,6 +140,9 @@ impl Shard {
         answer
     }
 
+    /// The live state under `name`, with its expiry (µs), to change in
+    /// place: a strategy may move its state out and leave an empty one, so
+    /// the entry is not given up and made again.
     pub(crate) fn get_mut_with_expiry(
         &mut self,
         name: Name<'_>,
