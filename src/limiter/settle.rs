@@ -36,9 +36,7 @@ impl Limiter {
         if self.refund_due(pass, status) {
             return self.refund_now_and_write(pass, headers);
         }
-        if pass.degraded.is_some() || self.headers.on_a_pass() {
-            self.write_headers(pass, headers);
-        }
+        self.write_headers(pass, headers);
         true
     }
 
@@ -115,7 +113,9 @@ impl Limiter {
         pass.decision = Some(decision);
     }
 
-    /// The headers a settled pass shows.
+    /// The headers a settled pass shows. In line: most passes show none,
+    /// and return at its first two checks.
+    #[inline]
     fn write_headers(&self, pass: &Pass, headers: &mut HeaderMap) {
         if let Some(kind) = pass.degraded {
             mark_degraded(headers, kind, pass.decider);
