@@ -89,3 +89,12 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// A process-wide monotonic origin for the limiter's timestamps.
+pub(crate) static EPOCH: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
+/// Nanoseconds since [`EPOCH`].
+pub(crate) fn monotonic_nanos() -> u64 {
+    EPOCH.elapsed().as_nanos() as u64
+}

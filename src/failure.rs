@@ -1,9 +1,10 @@
 //! What to do when the store cannot decide in time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
+use crate::clock::monotonic_nanos;
 use crate::store::{MemoryStore, Store};
 
 /// The layer's answer when the store errs or misses its deadline.
@@ -81,19 +82,11 @@ impl Default for FailurePolicy {
 /// call into a line). Per-call failures go to metrics and debug events.
 #[derive(Debug, Default)]
 pub(crate) struct Health {
-    /// When the store started failing (ns since [`EPOCH`], at least 1); 0
+    /// When the store started failing (ns since [`EPOCH`](crate::clock::EPOCH), at least 1); 0
     /// while it answers.
     failing_since: AtomicU64,
     /// Decisions made without the store (fallback, open, closed) since.
     decided_without: AtomicU64,
-}
-
-/// A process-wide monotonic origin for the limiter's timestamps.
-pub(crate) static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-/// Nanoseconds since [`EPOCH`].
-pub(crate) fn monotonic_nanos() -> u64 {
-    EPOCH.elapsed().as_nanos() as u64
 }
 
 impl Health {

@@ -20,7 +20,7 @@ use tower_layer::Layer;
 use crate::decision::Decision;
 use crate::error::{ConfigError, KeyError, StoreError};
 use crate::limiter::Limiter;
-use crate::quota::Policy;
+use crate::policy::Policy;
 use crate::store::Store;
 
 /// How long a decision may take before the failure policy applies.

@@ -58,6 +58,7 @@ mod local;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+mod policy;
 #[cfg(feature = "queue")]
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
@@ -78,13 +79,13 @@ pub use error::{ConfigError, KeyError, StoreError};
 pub use failure::FailurePolicy;
 pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use quota::{Policy, Quota};
+pub use policy::{Policy, Strategy};
+pub use quota::Quota;
 pub use rate_limiter::RateLimiter;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};
-pub use strategy::Strategy;
 pub use tier::TieredLayer;
 
 /// The README's and docs/' examples, compiled as doctests so they cannot

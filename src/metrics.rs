@@ -42,7 +42,7 @@
 //! Handles are cached per layer, so counting a request allocates nothing.
 
 use crate::error::StoreErrorKind;
-use crate::quota::Policy;
+use crate::policy::Policy;
 
 /// Counter name: requests by `policy` and `outcome`.
 ///

@@ -12,7 +12,7 @@ use crate::failure::FailurePolicy;
 use crate::key::Key;
 use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
-use crate::quota::Policy;
+use crate::policy::Policy;
 use crate::store::Store;
 
 /// A cheap, cloneable handle on one policy's limits: `check`, `peek`,

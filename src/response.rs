@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::decision::{Decision, Scope};
 use crate::headers::PolicyHeaders;
-use crate::quota::Policy;
+use crate::policy::Policy;
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
     let mut response = Response::new(Body::from(body.to_string()));

@@ -6,7 +6,7 @@ mod values;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
-use crate::quota::Policy;
+use crate::policy::Policy;
 use values::{kept_number, number, reset_value, shared};
 
 static LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");

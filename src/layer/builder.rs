@@ -16,7 +16,7 @@ use crate::key::{KeyExtractor, PeerIp};
 use crate::limiter::Limiter;
 use crate::local::seed::{self, Learned};
 use crate::metrics::PolicyMetrics;
-use crate::quota::Policy;
+use crate::policy::Policy;
 use crate::store::{MemoryStore, Store};
 
 use super::{RateLimitLayer, DEFAULT_COOLDOWN, DEFAULT_DEADLINE};

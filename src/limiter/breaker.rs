@@ -11,9 +11,10 @@ use std::task::Poll;
 use http::request::Parts;
 
 use super::{Decided, Decider, Fallback, Limiter, Pass, Verdict};
+use crate::clock::monotonic_nanos;
 use crate::decision::Decision;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::failure::{monotonic_nanos, FailurePolicy};
+use crate::failure::FailurePolicy;
 use crate::key::Key;
 use crate::metrics::{Outcome, Stopwatch};
 use crate::response;

@@ -21,7 +21,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::{Key, KeyExtractor};
 use crate::local::seed::Learned;
 use crate::metrics::{Outcome, PolicyMetrics};
-use crate::quota::Policy;
+use crate::policy::Policy;
 use crate::store::Store;
 
 mod admit;
@@ -92,7 +92,7 @@ pub(crate) struct Limiter {
     pub(crate) access: Access,
     pub(crate) metrics: PolicyMetrics,
     pub(crate) cooldown: Duration,
-    /// Until when (ns since [`EPOCH`](crate::failure::EPOCH)) the main
+    /// Until when (ns since [`EPOCH`](crate::clock::EPOCH)) the main
     /// store is skipped after a failure.
     pub(crate) skip_store_until: AtomicU64,
     /// Whether the main store is failing, for logging outages once.

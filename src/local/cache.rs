@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::strategy::Strategy;
+use crate::policy::Strategy;
 
 const SHARDS: usize = 16;
 /// A full shard looks for expired entries at most this often (store time).

@@ -19,7 +19,7 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::limiter::Limiter;
 use crate::metrics::Outcome;
-use crate::quota::Policy;
+use crate::policy::Policy;
 #[cfg(feature = "throttle")]
 use crate::throttle::Throttle;
 
@@ -145,7 +145,7 @@ mod no_throttle {
     use std::time::Duration;
 
     use crate::key::Key;
-    use crate::quota::Policy;
+    use crate::policy::Policy;
 
     #[derive(Debug)]
     pub(crate) enum Throttle {}

@@ -22,10 +22,11 @@ use crate::future::ResponseFuture;
 use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::layer::DEFAULT_DEADLINE;
-use crate::quota::{Policy, Quota};
+use crate::policy::Policy;
+use crate::policy::Strategy;
+use crate::quota::Quota;
 use crate::response;
 use crate::strategy::leaky_bucket::interval_micros;
-use crate::strategy::Strategy;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -64,9 +64,10 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::error::{ConfigError, StoreError};
-use crate::quota::{Policy, Quota};
+use crate::policy::Policy;
+use crate::policy::Strategy;
+use crate::quota::Quota;
 use crate::store::{BoxFuture, KeySpace};
-use crate::strategy::Strategy;
 
 /// How long a queue key lives after the last push, unless set otherwise.
 pub const DEFAULT_QUEUE_TTL: Duration = Duration::from_secs(24 * 3600);

@@ -10,7 +10,7 @@
 
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::policy::Policy;
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// One decision's key names for Redis, inline up to two (every strategy's

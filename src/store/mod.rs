@@ -31,7 +31,7 @@ use std::time::Instant;
 use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::policy::Policy;
 
 /// A boxed `Send` future, which keeps [`Store`] usable as `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

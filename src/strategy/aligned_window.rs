@@ -6,16 +6,20 @@
 //! known in advance and is the same for every caller and every server. The
 //! decision is the fixed window's, over windows whose ends are aligned.
 
-use super::fixed_window::{self, Window};
+use super::fixed_window;
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::Shard;
+use crate::policy::Policy;
+use crate::policy::Strategy;
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::Window;
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::GiveBack;
 #[cfg(feature = "redis")]
-use crate::store::redis::{Args, GiveBack};
+use crate::store::redis::script::{Args, LuaScript, Trio};
+use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::sync::LazyLock;
 
@@ -63,10 +67,6 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
 pub(crate) struct AlignedWindow;
 
 impl Algorithm for AlignedWindow {
-    fn name(&self) -> &'static str {
-        "aligned_window"
-    }
-
     fn max_quotas(&self) -> usize {
         8
     }
@@ -125,6 +125,23 @@ impl Algorithm for AlignedWindow {
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         GiveBack::Refund(&LUA.refund, fixed_window::refund_args(receipt))
+    }
+}
+
+impl Policy {
+    /// A fixed window aligned on the Unix epoch: windows of `quota.window()`
+    /// end at its multiples, so `Reset` is known in advance and the same for
+    /// everyone ("1,000 per UTC day, reset at midnight").
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Policy, Quota, Strategy};
+    /// let daily = Quota::new(1000, Duration::from_secs(86_400)).unwrap();
+    /// let policy = Policy::aligned_window("daily", daily);
+    /// assert_eq!(policy.strategy(), &Strategy::AlignedWindow);
+    /// ```
+    pub fn aligned_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Strategy::AlignedWindow, quota)
     }
 }
 

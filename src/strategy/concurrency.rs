@@ -8,37 +8,30 @@
 //! Entries older than the timeout belong to app servers that crashed before
 //! releasing them: they stop counting, and a writing check removes them.
 
+use crate::error::ConfigError;
+use crate::policy::Strategy;
+use crate::quota::Quota;
 use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
-use crate::quota::Policy;
-use crate::store::memory::KeyNames;
-use crate::store::memory::{Shard, State};
+use crate::policy::Policy;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::{InFlight, Slot, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::{int, GiveBack};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, Args, GiveBack};
+use crate::store::redis::script::{Args, LuaScript, Trio};
 
 /// A rejection's `Retry-After` hint: slots free when responses end, which
 /// no store can foresee.
 pub(crate) const RETRY_HINT_MICROS: u64 = 1_000_000;
-
-/// One admitted request: its id, start (µs) and cost (members in Redis).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Slot {
-    pub id: u64,
-    pub started: u64,
-    pub cost: u64,
-}
-
-/// The requests of one key in flight.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct InFlight {
-    pub slots: Vec<Slot>,
-}
 
 /// A fresh id for a request's slot: random, below 2^53 so Lua returns it
 /// exactly, and never chosen by the caller.
@@ -147,10 +140,6 @@ pub(crate) fn release_script() -> &'static LuaScript {
 pub(crate) struct Concurrency;
 
 impl Algorithm for Concurrency {
-    fn name(&self) -> &'static str {
-        "concurrency"
-    }
-
     fn max_quotas(&self) -> usize {
         1
     }
@@ -237,6 +226,31 @@ impl Algorithm for Concurrency {
         let id = receipt.stamps().first().copied().unwrap_or(0);
         let args = Args::from_slice(&[int(id), int(receipt.cost())]);
         GiveBack::Release(&LUA.refund, args)
+    }
+}
+
+impl Policy {
+    /// At most `limit` requests of a key in flight at once (Stripe's
+    /// concurrent-request limiter). An app server that crashes holding slots
+    /// gets them back after `timeout`, which must be longer than your slowest
+    /// response. See [`Strategy::Concurrency`].
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::Policy;
+    ///
+    /// let policy = Policy::concurrency("uploads", NonZeroU32::new(3).unwrap(), Duration::from_secs(60))
+    ///     .unwrap();
+    /// assert_eq!(policy.quotas()[0].limit(), 3);
+    /// assert!(Policy::concurrency("uploads", NonZeroU32::new(3).unwrap(), Duration::ZERO).is_err());
+    /// ```
+    pub fn concurrency(
+        name: impl Into<Arc<str>>,
+        limit: NonZeroU32,
+        timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        let slots = Quota::with_window(limit, timeout)?;
+        Ok(Self::new(name, Strategy::Concurrency, slots))
     }
 }
 

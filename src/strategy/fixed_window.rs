@@ -4,22 +4,20 @@
 
 use super::Algorithm;
 use crate::decision::{Decision, Receipt};
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::{with_slots, Shard, State};
+use crate::policy::Policy;
+use crate::policy::Strategy;
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::with_slots;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::{State, Window};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::{int, quota_ints, GiveBack};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, quota_ints, Args, GiveBack};
+use crate::store::redis::script::{Args, LuaScript, Trio};
+use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::sync::LazyLock;
-
-/// One quota's window: what was spent and when the window ends (µs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Window {
-    pub count: u64,
-    pub reset_at: u64,
-}
 
 /// Expiry is cleanup only: keys live one second past their window's end.
 pub(crate) const EXPIRY_GRACE_MICROS: u64 = 1_000_000;
@@ -206,10 +204,6 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
 pub(crate) struct FixedWindow;
 
 impl Algorithm for FixedWindow {
-    fn name(&self) -> &'static str {
-        "fixed_window"
-    }
-
     fn max_quotas(&self) -> usize {
         8
     }
@@ -265,6 +259,22 @@ impl Algorithm for FixedWindow {
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         GiveBack::Refund(&LUA.refund, refund_args(receipt))
+    }
+}
+
+impl Policy {
+    /// GitHub's fixed window: the first request opens a window of
+    /// `quota.window()`; its end is stored and read back, never recomputed.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, Strategy};
+    /// let policy = Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(5000).unwrap()));
+    /// assert_eq!(policy.name(), "core");
+    /// assert_eq!(policy.strategy(), &Strategy::FixedWindow);
+    /// ```
+    pub fn fixed_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Strategy::FixedWindow, quota)
     }
 }
 

@@ -9,19 +9,22 @@
 //! `max(tat, now) + cost × T − now ≤ burst × T`.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::{Shard, State};
+use crate::policy::Policy;
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::{int, stamps, GiveBack};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, stamps, Args, GiveBack};
+use crate::store::redis::script::{Args, LuaScript, Trio};
 #[cfg(feature = "redis")]
 use std::sync::LazyLock;
 
@@ -121,10 +124,6 @@ fn burst_of(strategy: &Strategy) -> NonZeroU32 {
 }
 
 impl Algorithm for Gcra {
-    fn name(&self) -> &'static str {
-        "gcra"
-    }
-
     fn max_quotas(&self) -> usize {
         1
     }
@@ -215,6 +214,24 @@ impl Algorithm for Gcra {
         ];
         args.extend(stamps(receipt));
         GiveBack::Refund(&LUA.refund, args)
+    }
+}
+
+impl Policy {
+    /// GCRA, a token bucket as in redis-cell: refilled at `rate` (`limit` per
+    /// `window`), holding up to `burst` units (redis-cell's `max_burst + 1`).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    ///
+    /// // 1 per second on average, up to 5 at once.
+    /// let rate = Quota::per_second(NonZeroU32::new(1).unwrap());
+    /// let policy = Policy::gcra("feeding", rate, NonZeroU32::new(5).unwrap());
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn gcra(name: impl Into<Arc<str>>, rate: Quota, burst: NonZeroU32) -> Self {
+        Self::new(name, Strategy::Gcra { burst }, rate)
     }
 }
 

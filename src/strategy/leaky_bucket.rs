@@ -14,19 +14,24 @@
 //! than the rate, across every app server sharing the store.
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 #[cfg(feature = "redis")]
 use crate::error::StoreError;
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::{Shard, State};
+use crate::policy::Policy;
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::{int, GiveBack};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, reply, reply::Ints, Args, GiveBack};
+use crate::store::redis::reply::{self, Ints};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::{Args, LuaScript, Trio};
 #[cfg(feature = "redis")]
 use std::sync::LazyLock;
 
@@ -129,10 +134,6 @@ fn capacity_of(strategy: &Strategy) -> NonZeroU32 {
 }
 
 impl Algorithm for LeakyBucket {
-    fn name(&self) -> &'static str {
-        "leaky_bucket"
-    }
-
     fn max_quotas(&self) -> usize {
         1
     }
@@ -231,6 +232,27 @@ impl Algorithm for LeakyBucket {
     #[cfg(feature = "redis")]
     fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
         reply::shaped(ints, cost)
+    }
+}
+
+impl Policy {
+    /// A leaky bucket that shapes traffic to `rate` (`rate.limit()` per
+    /// `rate.window()`, evenly spaced) and holds at most `capacity` requests:
+    /// a request that fits waits for its turn, one that does not gets a 429.
+    /// See [`Strategy::LeakyBucket`].
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, Strategy};
+    ///
+    /// // 10 per second, one every 100 ms; at most 20 waiting (2 s of queue).
+    /// let rate = Quota::per_second(NonZeroU32::new(10).unwrap());
+    /// let policy = Policy::leaky_bucket("feeding", rate, NonZeroU32::new(20).unwrap());
+    /// assert!(matches!(policy.strategy(), Strategy::LeakyBucket { .. }));
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn leaky_bucket(name: impl Into<Arc<str>>, rate: Quota, capacity: NonZeroU32) -> Self {
+        Self::new(name, Strategy::LeakyBucket { capacity }, rate)
     }
 }
 

@@ -26,140 +26,23 @@ pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod uniform_gate;
 
-use std::num::NonZeroU32;
-
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
 #[cfg(feature = "redis")]
 use crate::error::StoreError;
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::Shard;
+use crate::policy::{Policy, Strategy};
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::Shard;
 #[cfg(feature = "redis")]
 use crate::store::redis::{
+    args::GiveBack,
     reply::Ints,
-    script::{LuaScript, Trio},
-    Args, GiveBack,
+    script::{Args, LuaScript, Trio},
 };
 
 /// The longest any state may matter: a year and a day, in µs.
 pub(crate) const MAX_SPAN_MICROS: u64 = 366 * 24 * 3600 * 1_000_000;
-
-/// Which algorithm a [`Policy`] uses.
-///
-/// Each variant documents what `X-RateLimit-Remaining` and `-Reset` mean for
-/// it, and what it costs in Redis. The constructors on
-/// [`Policy`] (`fixed_window`, `aligned_window`, `uniform_gate`,
-/// `sliding_log`, `sliding_window`, `gcra`, `leaky_bucket`, `concurrency`)
-/// are the usual way to pick one.
-///
-/// ```
-/// use std::num::NonZeroU32;
-/// use tollgate::Strategy;
-/// assert_eq!(Strategy::FixedWindow.as_str(), "fixed_window");
-/// let capacity = NonZeroU32::new(10).unwrap();
-/// assert_eq!(Strategy::LeakyBucket { capacity }.as_str(), "leaky_bucket");
-/// assert_eq!(Strategy::Concurrency.as_str(), "concurrency");
-/// assert_eq!(Strategy::Gcra { burst: NonZeroU32::new(5).unwrap() }.as_str(), "gcra");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Strategy {
-    /// GitHub's fixed window. The first request opens a window and stores its
-    /// end (`reset_at`) beside the counter; later requests read it back.
-    /// `Remaining` is what is left in this window, `Reset` its stored end.
-    /// Costs one `EVALSHA` (an `HMGET`, and for a pass `HSET` + `PEXPIRE` per
-    /// quota) and one small hash per quota and key.
-    FixedWindow,
-    /// One call per caller per span (the quota's window; its limit must be 1).
-    /// A pass closes the gate until `now + cost × span`, to the microsecond.
-    /// `Remaining` is 1 while open, 0 while closed; `Reset` is when it opens
-    /// again. Costs one `EVALSHA` running a `GET` (and for a pass a `SET PX`)
-    /// and one short string per key.
-    UniformGate,
-    /// An exact sliding-window log with two limits at once: quota 0 is shared
-    /// by every caller of the resource, quota 1 is each caller's own. Both
-    /// logs are checked and charged together, or neither is. `Remaining` is
-    /// what is left of the tighter limit; `Reset` is when that log is empty
-    /// again (its newest entry leaves the window). Costs one `EVALSHA` (per
-    /// log a `ZCOUNT` and a `ZRANGE`; on a pass `ZREMRANGEBYSCORE`, `ZADD`,
-    /// `PEXPIRE`), and one sorted-set entry per unit spent in the window, so
-    /// at most `limit` entries per log.
-    SlidingLog,
-    /// Cloudflare's sliding-window counter: two fixed-window counters (the
-    /// windows aligned on the epoch), the previous one weighted by how much
-    /// of it the sliding window still covers. `Remaining` is the limit minus
-    /// that estimate, rounded down; `Reset` is when the estimate is back to
-    /// zero (the end of the next window once this one has a charge).
-    /// Costs one `EVALSHA` (`HMGET`; on a pass `HSET` + `PEXPIRE` per quota)
-    /// and one three-field hash per quota and key, whatever the traffic.
-    SlidingWindow,
-    /// The generic cell rate algorithm, a token bucket as in redis-cell: the
-    /// quota's rate (`limit` per `window`) refills a bucket of `burst` units.
-    /// `Remaining` is how many units could pass right now; `Reset` is when the
-    /// bucket is full again (the theoretical arrival time). Costs one
-    /// `EVALSHA` (`GET`; on a pass `SET PX`) and one short string per key.
-    Gcra {
-        /// How many units may pass at once from a full bucket (redis-cell's
-        /// `max_burst + 1`), and `X-RateLimit-Limit`.
-        burst: NonZeroU32,
-    },
-    /// A leaky bucket that shapes traffic: requests leave at the quota's
-    /// rate (one every `window / limit`, rounded up to the microsecond, so
-    /// never faster), across all app servers. A request that finds the
-    /// bucket holding `capacity` requests is rejected; any other waits for
-    /// its turn (the layer sleeps without blocking the runtime) and then
-    /// proceeds. A burst of `capacity` is accepted, spaced out by the rate.
-    /// The longest wait is `capacity - 1` intervals: keep your server's and
-    /// clients' request timeouts above it.
-    ///
-    /// `Limit` is `capacity`, `Remaining` the free places in the bucket,
-    /// `Used` the places taken (requests waiting or leaving), `Reset` when the
-    /// bucket will be empty. A rejection's `Retry-After` is when one more
-    /// request fits. The decision's [`delay`](crate::Decision::delay) is the
-    /// wait.
-    ///
-    /// Costs one `EVALSHA` (`GET`, and for a pass `SET .. PX`), one more to
-    /// give a place back, and one string per key (the time the bucket
-    /// empties, µs; about 100 bytes), expiring a second after the bucket
-    /// empties. Build with
-    /// [`Policy::leaky_bucket`](crate::Policy::leaky_bucket).
-    LeakyBucket {
-        /// How many requests the bucket holds: the longest wait is
-        /// `capacity - 1` intervals.
-        capacity: NonZeroU32,
-    },
-    /// Stripe's concurrent-request limiter: at most `limit` requests of a
-    /// key in flight at once, across all app servers. The quota's window is
-    /// the timeout after which an entry of a crashed app server stops
-    /// counting; it must be longer than your slowest response. A slot is
-    /// released when the response body ends or is dropped, when the request
-    /// is cancelled, or after the timeout.
-    ///
-    /// `Limit` is the number of slots, `Remaining` the free slots, `Used`
-    /// the requests in flight, `Reset` the time by which every slot held now
-    /// is certain to be free (the newest in-flight request's start plus the
-    /// timeout; now when none is in flight). Slots free when responses end,
-    /// which no store can foresee, so a rejection's `Retry-After` is a hint:
-    /// one second, or sooner if the oldest entry times out sooner.
-    ///
-    /// Costs one `EVALSHA` per request (`ZREMRANGEBYSCORE`, `ZCOUNT`,
-    /// `ZREVRANGEBYSCORE`, and for a rejection a `ZRANGEBYSCORE`, for a pass
-    /// `ZADD` + `PEXPIRE`) and one for the
-    /// release (`ZREM`); one sorted set per key holding at most `limit`
-    /// members (about 150 bytes for one, 30 more per slot up to 128 slots,
-    /// about 120 per slot beyond), expiring one timeout after the last
-    /// admission. Build with [`Policy::concurrency`](crate::Policy::concurrency).
-    Concurrency,
-    /// A fixed window aligned on the Unix epoch, as limits (Python) and
-    /// Upstash ship it: a quota's windows end at multiples of its length,
-    /// so every server and client knows `Reset` in advance ("1,000 per UTC
-    /// day, reset at midnight"). `Remaining` is what is left in this
-    /// window, `Reset` its end. Costs one `EVALSHA` (an `HMGET`, and for a
-    /// pass `HINCRBY`, or `HSET` + `PEXPIRE` when the window is new, per
-    /// quota) and one small hash per quota and key.
-    AlignedWindow,
-}
 
 /// Every strategy's home, in the order of [`Strategy`]'s variants: what
 /// lists every script ([`RedisStore::scripts`](crate::RedisStore::scripts)).
@@ -177,11 +60,6 @@ pub(crate) const ALL: [&dyn Algorithm; 8] = [
 ];
 
 impl Strategy {
-    /// A short stable name, for logs, metrics and Redis keys.
-    pub fn as_str(&self) -> &'static str {
-        self.algorithm().name()
-    }
-
     /// The one home of this strategy, which the stores call: the one
     /// registration of each strategy. A call through it is one indirect
     /// call, where a `match` was a jump table.
@@ -235,14 +113,49 @@ impl Strategy {
     }
 }
 
+impl Policy {
+    /// Checks what the types cannot: a usable name and a quota count the
+    /// strategy supports. Called by the layer's and the stores' builders.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    /// let q = Quota::per_second(NonZeroU32::new(1).unwrap());
+    /// assert!(Policy::fixed_window("core", q).validate().is_ok());
+    /// assert!(Policy::fixed_window("", q).validate().is_err());
+    /// assert!(Policy::fixed_window("bad name", q).validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = !self.name().is_empty()
+            && self.name().len() <= 64
+            && self
+                .name()
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        if !name_ok {
+            return Err(ConfigError::new(format!(
+                "policy name {:?} must be 1-64 characters of [A-Za-z0-9-_./]",
+                self.name()
+            )));
+        }
+        let max = self.strategy().max_quotas();
+        if self.quotas().len() > max {
+            return Err(ConfigError::new(format!(
+                "strategy {} takes at most {max} quota(s), policy {:?} has {}",
+                self.strategy().as_str(),
+                self.name(),
+                self.quotas().len()
+            )));
+        }
+        self.strategy().validate(self.quotas())
+    }
+}
+
 /// Everything the rest of the crate asks of one strategy, answered in the
 /// strategy's own file: its flags, its memory state, its Redis calls.
 /// Each strategy is a unit struct; a strategy with parameters reads them
 /// from the [`Strategy`] it is given.
 pub(crate) trait Algorithm: Sync {
-    /// See [`Strategy::as_str`].
-    fn name(&self) -> &'static str;
-
     /// How many quotas one decision of this strategy can check at once.
     fn max_quotas(&self) -> usize;
 
@@ -334,6 +247,7 @@ pub(crate) trait Algorithm: Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::num::NonZeroU32;
 
     #[test]
     fn all_lists_every_strategy_once_in_the_variants_order() {
@@ -349,8 +263,11 @@ mod tests {
             Strategy::AlignedWindow,
         ];
         assert_eq!(every.len(), ALL.len());
+        #[cfg(feature = "redis")]
         for (strategy, algorithm) in every.iter().zip(ALL) {
-            assert_eq!(strategy.as_str(), algorithm.name());
+            let named = algorithm.lua().check.name();
+            assert_eq!(named, strategy.algorithm().lua().check.name());
+            assert!(named.starts_with(strategy.as_str()), "{named}");
         }
     }
 }

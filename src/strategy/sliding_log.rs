@@ -9,9 +9,9 @@
 //! `(now - window, now]` plus its cost are at most the limit; rejected
 //! requests are not logged, so a log never holds more than its limit.
 
-use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::LazyLock;
 
 use smallvec::SmallVec;
@@ -20,13 +20,15 @@ use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::{Shard, State};
+use crate::policy::Policy;
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::{Log, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::{int, quota_ints, stamps, GiveBack};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
+use crate::store::redis::script::{Args, LuaScript, Trio};
 
 /// Quota index of the limit shared by every caller of the resource.
 pub(crate) const RESOURCE: usize = 0;
@@ -55,66 +57,6 @@ pub(crate) fn request_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static KEY: LazyLock<RandomState> = LazyLock::new(RandomState::new);
     KEY.hash_one(NEXT.fetch_add(1, Ordering::Relaxed)) >> 11
-}
-
-/// One log: `(time µs, request id)` per unit spent, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Log {
-    entries: VecDeque<(u64, u64)>,
-}
-
-impl Log {
-    /// Index of the first entry inside `(now - window, ..]`.
-    fn first_inside(&self, now: u64, window: u64) -> usize {
-        match now.checked_sub(window) {
-            Some(cutoff) => self.entries.partition_point(|&(at, _)| at <= cutoff),
-            None => 0,
-        }
-    }
-
-    /// Units inside the window.
-    pub(crate) fn count(&self, now: u64, window: u64) -> u64 {
-        (self.entries.len() - self.first_inside(now, window)) as u64
-    }
-
-    /// The newest entry's time, if any.
-    pub(crate) fn newest(&self) -> Option<u64> {
-        self.entries.back().map(|&(at, _)| at)
-    }
-
-    /// Time of the `k`-th oldest entry inside the window (1-based).
-    fn kth_inside(&self, now: u64, window: u64, k: u64) -> u64 {
-        self.entries[self.first_inside(now, window) + k as usize - 1].0
-    }
-
-    /// Drops entries that left the window.
-    fn trim(&mut self, now: u64, window: u64) {
-        let outside = self.first_inside(now, window);
-        self.entries.drain(..outside);
-    }
-
-    /// Logs `cost` units at `now` for request `id`, keeping time order.
-    fn add(&mut self, now: u64, id: u64, cost: u64) {
-        let at = self.entries.partition_point(|&(t, _)| t <= now);
-        for _ in 0..cost {
-            self.entries.insert(at, (now, id));
-        }
-    }
-
-    /// Removes up to `cost` entries logged at `at` for request `id`.
-    pub(crate) fn remove(&mut self, at: u64, id: u64, cost: u64) {
-        let mut left = cost;
-        self.entries.retain(|&e| {
-            let hit = left > 0 && e == (at, id);
-            left -= u64::from(hit);
-            !hit
-        });
-    }
-
-    /// Whether nothing is logged.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
 }
 
 /// Decides for `cost` units against `logs[RESOURCE]` and `logs[CONSUMER]`;
@@ -207,10 +149,6 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
 pub(crate) struct SlidingLog;
 
 impl Algorithm for SlidingLog {
-    fn name(&self) -> &'static str {
-        "sliding_log"
-    }
-
     fn max_quotas(&self) -> usize {
         2
     }
@@ -330,6 +268,32 @@ impl Algorithm for SlidingLog {
     }
 }
 
+impl Policy {
+    /// An exact sliding-window log with two limits checked and charged
+    /// together: `resource` is shared by every caller of the policy (the
+    /// tiger feeding sells 100 tickets per 10 s to everyone), `consumer` is
+    /// each caller's own (at most 3 of them each). When either rejects,
+    /// nothing is charged, and [`Decision::scope`](crate::Decision::scope)
+    /// says which one did. Limits are at most 1,000,000: the log keeps one
+    /// entry per unit.
+    ///
+    /// All of a policy's keys share one Redis Cluster hash tag (the policy's
+    /// name), because the resource log is checked with every caller's.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Policy, Quota};
+    ///
+    /// let everyone = Quota::new(100, Duration::from_secs(10)).unwrap();
+    /// let each = Quota::new(3, Duration::from_secs(10)).unwrap();
+    /// let policy = Policy::sliding_log("tigerfeeding", everyone, each);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn sliding_log(name: impl Into<Arc<str>>, resource: Quota, consumer: Quota) -> Self {
+        Self::new(name, Strategy::SlidingLog, resource).and(consumer)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,7 +320,7 @@ mod tests {
         let mut logs = vec![Log::default(), Log::default()];
         for t in 0..1_000u64 {
             check(&mut logs, &quotas, t * 10_000, 1, t);
-            assert!(logs.iter().all(|l| l.entries.len() <= 5));
+            assert!(logs.iter().all(|l| l.len() <= 5));
         }
     }
 

@@ -12,39 +12,26 @@
 //! step, computed by the same IEEE-754 operations in Rust and in Lua, so both
 //! stores decide identically.
 
+use crate::policy::Strategy;
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::Algorithm;
 
 use crate::decision::{Decision, Receipt};
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::{with_slots, Shard, State};
+use crate::policy::Policy;
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::with_slots;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::{Counter, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::{int, quota_ints, stamps, GiveBack};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, quota_ints, stamps, Args, GiveBack};
+use crate::store::redis::script::{Args, LuaScript, Trio};
 #[cfg(feature = "redis")]
 use std::sync::LazyLock;
-
-/// One quota's stored counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Counter {
-    /// Start of the window `cur` counts, µs since the epoch.
-    pub start: u64,
-    /// Units spent in that window.
-    pub cur: u64,
-    /// Units spent in the window before it.
-    pub prev: u64,
-}
-
-impl Counter {
-    /// When the counters stop mattering: the end of the next window.
-    pub(crate) fn stale_at(&self, window: u64) -> u64 {
-        self.start + 2 * window
-    }
-}
 
 /// The counters as seen at `now`: rolled forward when a window has passed.
 /// A stored window later than now's (a clock that went back) stays current,
@@ -261,10 +248,6 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
 pub(crate) struct SlidingWindow;
 
 impl Algorithm for SlidingWindow {
-    fn name(&self) -> &'static str {
-        "sliding_window"
-    }
-
     fn max_quotas(&self) -> usize {
         8
     }
@@ -370,6 +353,25 @@ impl Algorithm for SlidingWindow {
                 .map(|q| q.window_micros().to_string()),
         );
         GiveBack::Refund(&LUA.refund, args)
+    }
+}
+
+impl Policy {
+    /// Cloudflare's sliding-window counter: `quota` over a window that slides,
+    /// estimated from two fixed-window counters in constant memory per key.
+    /// Takes more quotas with [`and`](Self::and), all-or-nothing.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    ///
+    /// let per_sec = Quota::per_second(NonZeroU32::new(10).unwrap());
+    /// let per_hour = Quota::per_hour(NonZeroU32::new(1000).unwrap());
+    /// let policy = Policy::sliding_window("search", per_sec).and(per_hour);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn sliding_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Strategy::SlidingWindow, quota)
     }
 }
 

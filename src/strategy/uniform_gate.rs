@@ -12,15 +12,20 @@ use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
-use crate::quota::{Policy, Quota};
-use crate::store::memory::KeyNames;
-use crate::store::memory::{Shard, State};
+use crate::policy::Policy;
+use crate::quota::Quota;
+use crate::store::memory::names::KeyNames;
+use crate::store::memory::shard::Shard;
+use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::script::{LuaScript, Trio};
+use crate::store::redis::args::{int, stamps, GiveBack};
 #[cfg(feature = "redis")]
-use crate::store::redis::{int, stamps, Args, GiveBack};
+use crate::store::redis::script::{Args, LuaScript, Trio};
+use std::num::NonZeroU32;
+use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::sync::LazyLock;
+use std::time::Duration;
 
 /// The gate takes one quota whose limit is 1: its window is the span.
 pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
@@ -83,10 +88,6 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
 pub(crate) struct UniformGate;
 
 impl Algorithm for UniformGate {
-    fn name(&self) -> &'static str {
-        "uniform_gate"
-    }
-
     fn max_quotas(&self) -> usize {
         1
     }
@@ -165,6 +166,25 @@ impl Algorithm for UniformGate {
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let args = stamps(receipt).collect();
         GiveBack::Refund(&LUA.refund, args)
+    }
+}
+
+impl Policy {
+    /// A uniform gate: one call per caller per `span`, to the microsecond
+    /// (Bob may buy tiger-feeding tickets once every 10 s). A request of cost
+    /// `c` closes the gate for `c` spans. The span must be 1 ms to a year.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    ///
+    /// let policy = Policy::uniform_gate("tigerfeeding", Duration::from_secs(10)).unwrap();
+    /// assert_eq!(policy.quotas()[0].limit(), 1);
+    /// assert!(Policy::uniform_gate("tigerfeeding", Duration::ZERO).is_err());
+    /// ```
+    pub fn uniform_gate(name: impl Into<Arc<str>>, span: Duration) -> Result<Self, ConfigError> {
+        let once = Quota::with_window(NonZeroU32::MIN, span)?;
+        Ok(Self::new(name, Strategy::UniformGate, once))
     }
 }
 

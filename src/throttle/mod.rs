@@ -12,8 +12,6 @@ mod sync;
 
 pub use self::builder::ThrottleBuilder;
 #[cfg(feature = "redis")]
-pub(crate) use self::sync::scripts as sync_scripts;
-
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -24,7 +22,7 @@ use self::sync::RedisSync;
 use crate::clock::Clock;
 use crate::error::{ConfigError, StoreError};
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::policy::Policy;
 
 /// What one round did with Redis, for tests and stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

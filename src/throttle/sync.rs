@@ -19,7 +19,7 @@
 //! [`bloom_merge.lua`]: https://docs.rs/crate/tollgate/latest/source/lua/bloom_merge.lua
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use redis::Value;
 
@@ -28,22 +28,8 @@ use super::ring::Ring;
 use super::RoundCounts;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::redis::connection::Connection;
-use crate::store::redis::script::LuaScript;
+use crate::store::redis::script::{BLOOM_MERGE as MERGE, BLOOM_READ as READ};
 use crate::store::redis::server::Scripting;
-
-static MERGE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
-        "bloom_merge",
-        include_str!("../../lua/bloom_merge.lua").into(),
-    )
-});
-/// The throttle's scripts, for the listing of everything sent to Redis.
-pub(crate) fn scripts() -> [&'static LuaScript; 3] {
-    [&READ, READ.plain(), &MERGE]
-}
-
-static READ: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::read_only("bloom_read", include_str!("../../lua/bloom_read.lua")));
 
 /// The Redis side of a throttle: where its slots live and what this server
 /// last merged of each.

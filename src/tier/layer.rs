@@ -10,7 +10,7 @@ use super::{ChooseFn, Tiered, Tiers, Unplaced};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::layer::{PeekError, RateLimitLayerBuilder};
-use crate::quota::Policy;
+use crate::policy::Policy;
 use crate::store::{MemoryStore, Store};
 
 /// Several named tiers on the same routes; a chooser picks the one that

@@ -9,13 +9,14 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::policy::Policy;
 
-mod names;
-mod shard;
+pub(crate) mod names;
+pub(crate) mod shard;
+pub(crate) mod state;
 
-pub(crate) use names::KeyNames;
-pub(crate) use shard::{Shard, State};
+use names::KeyNames;
+use shard::Shard;
 
 const SHARDS: usize = 64;
 
@@ -181,16 +182,6 @@ impl MemoryStore {
         self.with_shard(policy, key, |shard, keys, now| {
             algorithm.give_back(policy, shard, keys, now, receipt)
         })
-    }
-}
-
-/// Runs `f` on `n` empty slots, one per quota: on the stack for every
-/// policy a layer accepts (at most 8 quotas), on the heap beyond.
-pub(crate) fn with_slots<T: Copy, R>(n: usize, f: impl FnOnce(&mut [Option<T>]) -> R) -> R {
-    let mut stack = [None; 8];
-    match stack.get_mut(..n) {
-        Some(slots) => f(slots),
-        None => f(&mut vec![None; n]),
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use foldhash::fast::RandomState;
 
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::policy::Policy;
 use crate::store::keys::{key_count, KeySpace};
 
 /// One decision's key names: the policy and the caller, with the hashes

@@ -5,10 +5,7 @@
 use hashbrown::HashTable;
 
 use super::names::{Name, OwnedName};
-use crate::strategy::concurrency::InFlight;
-use crate::strategy::fixed_window::Window;
-use crate::strategy::sliding_log::Log;
-use crate::strategy::sliding_window::Counter;
+use super::state::State;
 
 /// How often a shard drops expired entries, in µs of its clock.
 const SWEEP_EVERY_MICROS: u64 = 1_000_000;
@@ -27,25 +24,6 @@ struct Entry {
     name: OwnedName,
     expires_at: u64,
     state: State,
-}
-
-/// One key's state: one variant per strategy, the memory store's one
-/// registration of each; the strategy's file (`strategy/<name>.rs`) reads
-/// and writes its own variant.
-#[derive(Debug, Clone)]
-pub(crate) enum State {
-    Window(Window),
-    /// A uniform gate: when it opens again, µs.
-    Gate(u64),
-    /// A sliding log (resource or consumer).
-    Log(Log),
-    /// A sliding-window counter.
-    Counter(Counter),
-    /// A GCRA bucket's theoretical arrival time, µs.
-    Tat(u64),
-    /// A leaky bucket's `next_free`, µs.
-    Leaky(u64),
-    InFlight(InFlight),
 }
 
 impl Shard {
@@ -157,5 +135,15 @@ impl Shard {
         if let Ok(entry) = self.entries.find_entry(name.hash(), |e| e.name.is(&name)) {
             entry.remove();
         }
+    }
+}
+
+/// Runs `f` on `n` empty slots, one per quota: on the stack for every
+/// policy a layer accepts (at most 8 quotas), on the heap beyond.
+pub(crate) fn with_slots<T: Copy, R>(n: usize, f: impl FnOnce(&mut [Option<T>]) -> R) -> R {
+    let mut stack = [None; 8];
+    match stack.get_mut(..n) {
+        Some(slots) => f(slots),
+        None => f(&mut vec![None; n]),
     }
 }

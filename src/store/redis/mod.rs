@@ -1,5 +1,6 @@
 //! The Redis store: one script call, one round trip, per decision.
 
+pub(crate) mod args;
 mod batch;
 mod batchers;
 mod builder;
@@ -24,8 +25,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use self::args::{int, GiveBack};
 use self::batchers::Batchers;
 use self::connection::Connection;
+use self::script::Args;
 use self::script::{LuaScript, SCRIPTS};
 use self::server::Scripting;
 use super::keys::KeyList;
@@ -34,7 +37,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::quota::Policy;
+use crate::policy::Policy;
 
 /// Keeps limits in Redis, shared by every app server that uses the same Redis.
 ///
@@ -119,8 +122,35 @@ impl ClockOffset {
 /// `at` in µs on this process's monotonic clock.
 fn local_micros(at: Instant) -> i64 {
     int(at
-        .saturating_duration_since(*crate::failure::EPOCH)
+        .saturating_duration_since(*crate::clock::EPOCH)
         .as_micros())
+}
+
+/// Every script, each once, in a fixed order: each strategy's decision,
+/// its no-writes twin and its refund or release, in the order of
+/// [`ALL`](crate::strategy::ALL), then `reset`; the no-writes twins
+/// unflagged, for Redis 6.2; the batches; the high-volume mode's sync.
+fn every_script() -> Vec<&'static LuaScript> {
+    let mut all = Vec::new();
+    for algorithm in crate::strategy::ALL {
+        let trio = algorithm.lua();
+        all.extend([&trio.check, &trio.peek, &trio.refund]);
+    }
+    all.push(&SCRIPTS.reset);
+    let twins: Vec<&LuaScript> = all.iter().filter_map(|s| s.unflagged()).collect();
+    all.extend(twins);
+    let batches: Vec<&LuaScript> = all.iter().filter_map(|s| s.batch()).collect();
+    for batch in batches {
+        if !all.iter().any(|s| s.name == batch.name) {
+            all.push(batch);
+        }
+    }
+    #[cfg(feature = "throttle")]
+    {
+        use self::script::{BLOOM_MERGE, BLOOM_READ};
+        all.extend([&*BLOOM_READ, BLOOM_READ.plain(), &*BLOOM_MERGE]);
+    }
+    all
 }
 
 impl RedisStore {
@@ -146,10 +176,10 @@ impl RedisStore {
     /// assert!(text.starts_with("#!lua flags=no-writes"));
     /// ```
     pub fn scripts() -> Vec<(&'static str, &'static str)> {
-        let all = SCRIPTS.all().into_iter();
-        #[cfg(feature = "throttle")]
-        let all = all.chain(crate::throttle::sync_scripts());
-        all.map(|s| (s.name(), s.source())).collect()
+        every_script()
+            .into_iter()
+            .map(|s| (s.name(), s.source()))
+            .collect()
     }
 
     /// What the servers' scripting can do, shared with the throttle's sync
@@ -324,38 +354,6 @@ impl RedisStore {
             .map_err(|err| script.error(err))?;
         Ok(())
     }
-}
-
-/// How a strategy gives a receipt back in Redis.
-pub(crate) enum GiveBack {
-    /// A refund script and its arguments, sent alone.
-    Refund(&'static LuaScript, Vec<String>),
-    /// The release of what a pass held until its response ended: batched,
-    /// like the decisions that took it.
-    Release(&'static LuaScript, Args),
-}
-
-/// A decision script's arguments, all integers: inline for every one-quota
-/// policy, so a decision allocates no argument list.
-pub(crate) type Args = smallvec::SmallVec<[i64; 8]>;
-
-/// Each quota's limit and window (µs), as integer script arguments.
-pub(crate) fn quota_ints(policy: &Policy) -> impl Iterator<Item = i64> + '_ {
-    policy
-        .quotas()
-        .iter()
-        .flat_map(|q| [int(q.limit()), int(q.window_micros())])
-}
-
-/// `x` as a script argument: Lua numbers are doubles, so anything near
-/// `i64::MAX` is already far past what a script can tell apart.
-pub(crate) fn int(x: impl TryInto<i64>) -> i64 {
-    x.try_into().unwrap_or(i64::MAX)
-}
-
-/// A receipt's stamps, as script arguments.
-pub(crate) fn stamps(receipt: &Receipt) -> impl Iterator<Item = String> + '_ {
-    receipt.stamps().iter().map(u64::to_string)
 }
 
 impl RedisStore {

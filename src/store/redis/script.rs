@@ -72,7 +72,11 @@ pub(crate) struct LuaScript {
 
 /// The give-back of what a pass of a script held, from the script's
 /// arguments: the releasing script and its arguments.
-pub(crate) type GiveBackOf = fn(&[i64]) -> Option<(&'static LuaScript, super::Args)>;
+pub(crate) type GiveBackOf = fn(&[i64]) -> Option<(&'static LuaScript, Args)>;
+
+/// A decision script's arguments, all integers: inline for every one-quota
+/// policy, so a decision allocates no argument list.
+pub(crate) type Args = smallvec::SmallVec<[i64; 8]>;
 
 impl LuaScript {
     pub(crate) fn new(name: &'static str, source: String) -> Self {
@@ -151,6 +155,16 @@ impl LuaScript {
     /// what a server before Redis 7.0 runs, with `EVALSHA`.
     pub(crate) fn plain(&self) -> &LuaScript {
         self.plain.as_deref().unwrap_or(self)
+    }
+
+    /// The unflagged twin, where this script has one.
+    pub(crate) fn unflagged(&self) -> Option<&LuaScript> {
+        self.plain.as_deref()
+    }
+
+    /// The batch wrapper, where this script has one.
+    pub(crate) fn batch(&self) -> Option<&LuaScript> {
+        self.batch.as_deref()
     }
 
     /// A charging decision script whose integers come back packed in one
@@ -330,33 +344,6 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    /// Every script, each once, in a fixed order: each strategy's decision,
-    /// its no-writes twin and its refund or release, in the order of
-    /// [`ALL`](crate::strategy::ALL), then `reset`; the no-writes twins
-    /// unflagged, for Redis 6.2; the batches.
-    pub(crate) fn all(&'static self) -> Vec<&'static LuaScript> {
-        let mut all = Vec::new();
-        for algorithm in crate::strategy::ALL {
-            let trio = algorithm.lua();
-            all.extend([&trio.check, &trio.peek, &trio.refund]);
-        }
-        all.push(&self.reset);
-        let twins: Vec<&LuaScript> = all.iter().filter_map(|s| s.plain.as_deref()).collect();
-        all.extend(twins);
-        let batches: Vec<&LuaScript> = all.iter().filter_map(|s| s.batch.as_deref()).collect();
-        for batch in batches {
-            if !all.iter().any(|s| s.name == batch.name) {
-                all.push(batch);
-            }
-        }
-        all
-    }
-
-    /// The batch wrapper of the writing script `check`, if it has one.
-    pub(crate) fn batch_of<'a>(&self, check: &'a LuaScript) -> Option<&'a LuaScript> {
-        check.batch.as_deref()
-    }
-
     /// For a script whose pass holds something until given back (the
     /// concurrency check's slots): the script that gives it back, and its
     /// arguments, from the check's `args`; the strategy says which.
@@ -364,7 +351,7 @@ impl Scripts {
         &self,
         script: &LuaScript,
         args: &[i64],
-    ) -> Option<(&'static LuaScript, super::Args)> {
+    ) -> Option<(&'static LuaScript, Args)> {
         script.give_back?(args)
     }
 
@@ -420,4 +407,20 @@ impl Trio {
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reset: LuaScript::new("reset", include_str!("../../../lua/reset.lua").into()),
+});
+
+/// The high-volume mode's bloom-filter sync: merges this server's callers
+/// into a shared slot (`lua/bloom_merge.lua`).
+#[cfg(feature = "throttle")]
+pub(crate) static BLOOM_MERGE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        "bloom_merge",
+        include_str!("../../../lua/bloom_merge.lua").into(),
+    )
+});
+
+/// Reads the shared slots back (`lua/bloom_read.lua`).
+#[cfg(feature = "throttle")]
+pub(crate) static BLOOM_READ: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::read_only("bloom_read", include_str!("../../../lua/bloom_read.lua"))
 });

@@ -366,7 +366,8 @@ fn fmix64(mut k: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::key::Key;
-    use crate::quota::{Policy, Quota};
+    use crate::policy::Policy;
+    use crate::quota::Quota;
     use crate::store::KeySpace;
 
     /// The tags of real decision keys for `n` random callers.

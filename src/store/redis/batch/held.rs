@@ -10,8 +10,8 @@ use super::{unsent, Answer, Shared, Slot};
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
 use crate::store::redis::connection::Connection;
+use crate::store::redis::script::Args;
 use crate::store::redis::script::{LuaScript, SCRIPTS};
-use crate::store::redis::Args;
 
 /// How long a slot-taking call sent from a task of its own may wait for
 /// Redis (see [`spawn_holding`]): far beyond any request's deadline, so

@@ -27,8 +27,8 @@ use tokio::sync::oneshot;
 
 use super::connection::Connection;
 use super::reply::Ints;
+use super::script::Args;
 use super::script::{LuaScript, SCRIPTS};
-use super::Args;
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
 
@@ -424,9 +424,8 @@ async fn send(shared: &Shared, mut jobs: Vec<Job>) {
 /// `lua/concurrency_batch.lua`.
 fn batch_together(a: &LuaScript, b: &LuaScript) -> bool {
     std::ptr::eq(a, b)
-        || SCRIPTS
-            .batch_of(a)
-            .zip(SCRIPTS.batch_of(b))
+        || a.batch()
+            .zip(b.batch())
             .is_some_and(|(a, b)| a.name == b.name)
 }
 #[cfg(all(test, feature = "deadpool"))]

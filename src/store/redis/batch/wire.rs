@@ -20,7 +20,7 @@ pub(super) async fn send_one_script(
     mut jobs: Vec<Job>,
 ) -> Vec<Unheard> {
     let mut unheard = Vec::new();
-    let batch = SCRIPTS.batch_of(script);
+    let batch = script.batch();
     let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
         for mut job in jobs {
             if !job.gives_back {
