@@ -226,3 +226,42 @@ impl StoreErrorKind {
         }
     }
 }
+
+/// Why [`RateLimitLayer::peek`](crate::RateLimitLayer::peek) has no answer.
+///
+/// ```
+/// use tollgate::{error::PeekError, KeyError};
+/// let err = PeekError::Key(KeyError::Missing("x-api-key"));
+/// assert_eq!(err.to_string(), "request has no x-api-key");
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PeekError {
+    /// No key could be taken from the request.
+    Key(KeyError),
+    /// The store failed or missed the deadline.
+    Store(StoreError),
+    /// A [tiered layer](crate::TieredLayer) could not place the request in
+    /// any of its tiers, and answers such requests with a status.
+    Unplaced,
+}
+
+impl fmt::Display for PeekError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeekError::Key(e) => e.fmt(f),
+            PeekError::Store(e) => e.fmt(f),
+            PeekError::Unplaced => f.write_str("the request fits no rate-limit tier"),
+        }
+    }
+}
+
+impl StdError for PeekError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            PeekError::Key(e) => Some(e),
+            PeekError::Store(e) => Some(e),
+            PeekError::Unplaced => None,
+        }
+    }
+}

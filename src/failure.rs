@@ -110,7 +110,6 @@ impl Health {
     /// Notes a call the store answered: when it ends an outage, how long
     /// that lasted and how many decisions were made without the store. One
     /// relaxed load while healthy.
-    #[inline]
     pub(crate) fn answered(&self) -> Option<(Duration, u64)> {
         if self.failing_since.load(Ordering::Relaxed) == 0 {
             return None;

@@ -47,7 +47,6 @@ pub mod clock;
 pub mod decision;
 pub mod error;
 mod failure;
-mod future;
 pub mod headers;
 pub mod key;
 pub mod layer;
@@ -64,9 +63,7 @@ mod policy;
 pub mod queue;
 mod quota;
 mod rate_limiter;
-mod release;
 mod response;
-mod service;
 pub mod store;
 mod strategy;
 #[cfg(feature = "throttle")]

@@ -49,7 +49,7 @@ pub struct RateLimiter {
 impl fmt::Debug for RateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("policy", &self.core.policy.name())
+            .field("policy", &self.core.config.policy.name())
             .finish_non_exhaustive()
     }
 }
@@ -95,7 +95,7 @@ impl RateLimiter {
     /// assert_eq!(limiter.policy().name(), "ws-messages");
     /// ```
     pub fn policy(&self) -> &Policy {
-        &self.core.policy
+        &self.core.config.policy
     }
 
     /// Charges `cost` to `key` if it fits: the decision the layer would
@@ -127,8 +127,8 @@ impl RateLimiter {
             }
             Err(err) => err,
         };
-        core.health.decided_without_store();
-        let FailurePolicy::Local(local) = &core.failure else {
+        core.running.health.decided_without_store();
+        let FailurePolicy::Local(local) = &core.config.failure else {
             return Err(err);
         };
         core.seed(local, key);
@@ -184,14 +184,14 @@ impl RateLimiter {
         if !decision.allowed || decision.receipt.is_empty() {
             return Ok(());
         }
-        let store = match (&core.failure, decision.fallback) {
+        let store = match (&core.config.failure, decision.fallback) {
             (FailurePolicy::Local(local), true) => local,
-            _ => &core.store,
+            _ => &core.config.store,
         };
-        let refund = store.refund(&core.policy, key, &decision.receipt);
+        let refund = store.refund(&core.config.policy, key, &decision.receipt);
         let result = core.within_deadline(refund).await.0;
         if result.is_ok() && !decision.fallback {
-            core.local.refunded(key);
+            core.running.local.refunded(key);
         }
         result
     }
@@ -222,12 +222,14 @@ impl RateLimiter {
     pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
         let core = &*self.core;
         let result = core
-            .within_deadline(core.store.reset(&core.policy, key))
+            .within_deadline(core.config.store.reset(&core.config.policy, key))
             .await
             .0;
-        if let FailurePolicy::Local(local) = &core.failure {
+        if let FailurePolicy::Local(local) = &core.config.failure {
             // Best effort: the fallback only matters during an outage.
-            let _ = core.within_deadline(local.reset(&core.policy, key)).await;
+            let _ = core
+                .within_deadline(local.reset(&core.config.policy, key))
+                .await;
         }
         core.forget(key);
         result

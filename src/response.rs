@@ -127,6 +127,23 @@ pub(crate) fn denied(status: StatusCode, policy: &Policy) -> Response<Body> {
     )
 }
 
+/// A new caller refused while throttling: `status` (429 by default),
+/// `Retry-After`, and a short JSON message. No `X-RateLimit-*` headers: no
+/// quota was consulted.
+pub(crate) fn throttled(status: StatusCode, retry_after: std::time::Duration) -> Response<Body> {
+    let secs = (retry_after.as_micros() as u64).div_ceil(1_000_000).max(1);
+    let body = serde_json::json!({
+        "message": "The service is busy: sessions in progress are served, new ones are refused for now.",
+        "retry_after": secs,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    let h = response.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(RETRY_AFTER, HeaderValue::from(secs));
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

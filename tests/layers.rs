@@ -48,10 +48,6 @@ const FLOORS: &[&str] = &[
     "tier",
     "queue",
     "lib",
-    // Waiting to move into `layer/`.
-    "release",
-    "future",
-    "service",
 ];
 
 /// The floor of module `path` (`a::b::c`): its longest listed prefix.

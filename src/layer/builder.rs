@@ -13,7 +13,7 @@ use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
-use crate::limiter::Limiter;
+use crate::limiter::{Config, Limiter, Running};
 use crate::local::seed::{self, Learned};
 use crate::metrics::PolicyMetrics;
 use crate::policy::Policy;
@@ -479,28 +479,28 @@ impl RateLimitLayerBuilder {
             && !policy.strategy().holds_until_response_ends()
             && !self.store.as_ref().is_none_or(|store| store.in_process()))
         .then(|| Learned::new(seed::CAPACITY));
+        let running = Running::new(self.local.gating(&policy), learned);
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
-                metrics: PolicyMetrics::new(&policy),
-                local: self.local.gating(&policy),
-                headers: PolicyHeaders::new(self.headers, &policy),
-                holds_until_response_ends: policy.strategy().holds_until_response_ends(),
-                policy,
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
-                key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
-                cost: self.cost,
-                deadline: self.deadline,
-                failure: self.failure,
-                limited_status: self.limited_status,
-                key_error_status: self.key_error_status,
-                refund_when: self.refund_when,
-                shadow: self.shadow,
-                decision_extension: self.decision_extension,
-                access,
-                cooldown: self.cooldown,
-                skip_store_until: Default::default(),
-                health: Default::default(),
-                learned,
+                config: Config {
+                    metrics: PolicyMetrics::new(&policy),
+                    headers: PolicyHeaders::new(self.headers, &policy),
+                    holds_until_response_ends: policy.strategy().holds_until_response_ends(),
+                    policy,
+                    store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                    key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
+                    cost: self.cost,
+                    deadline: self.deadline,
+                    failure: self.failure,
+                    limited_status: self.limited_status,
+                    key_error_status: self.key_error_status,
+                    refund_when: self.refund_when,
+                    shadow: self.shadow,
+                    decision_extension: self.decision_extension,
+                    access,
+                    cooldown: self.cooldown,
+                },
+                running,
             }),
         })
     }
@@ -561,14 +561,14 @@ mod tests {
         };
         let memory = layer(Arc::new(MemoryStore::new()));
         assert!(
-            memory.limiter.learned.is_none(),
+            memory.limiter.running.learned.is_none(),
             "the memory store never fails over"
         );
         let remote = layer(Arc::new(Remote(MemoryStore::new())));
-        assert!(remote.limiter.learned.is_some());
+        assert!(remote.limiter.running.learned.is_some());
         let default = RateLimitLayer::builder().policy(policy).build().unwrap();
         assert!(
-            default.limiter.learned.is_none(),
+            default.limiter.running.learned.is_none(),
             "the default store is in memory"
         );
     }

@@ -1,9 +1,10 @@
-//! Admitting a request: identify the caller and the cost, check the access
-//! lists and the local deciders, ask the main store, and judge its decision
-//! into a verdict. Also the peek, which asks without charging, and what the
-//! process remembers of the main store's decisions.
-
-use std::sync::Arc;
+//! Admitting a request, in the order a request meets the steps:
+//! [`Limiter::admit_now`] checks the access lists, identifies the caller,
+//! asks the local deciders, then the main store, and judges its decision;
+//! a step that can answer the request returns [`Step::Answered`]. When the
+//! store must be awaited (Redis), [`Limiter::admit_later`] goes on from
+//! there. Also the peek, which asks without charging, and what the process
+//! remembers of the main store's decisions.
 
 use axum::body::Body;
 use http::request::Parts;
@@ -14,270 +15,243 @@ use super::settle::mark_degraded;
 use super::{Decided, Decider, Limiter, Pass, Verdict};
 use crate::access::Listed;
 use crate::decision::Decision;
-use crate::error::{KeyError, StoreError, StoreErrorKind};
+use crate::error::{KeyError, PeekError, StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
 use crate::key::Key;
+use crate::local::LocalAnswer;
 use crate::metrics::{Outcome, Stopwatch};
 use crate::response;
 use crate::store::Store;
 
-/// The span of a request decided while no subscriber takes debug spans:
-/// disabled, and shared, so the untraced path neither makes nor drops one.
-static UNTRACED: tracing::Span = tracing::Span::none();
+/// One step of admission: the request is answered now (a verdict and how
+/// it is counted), or goes on with what the next step needs.
+pub(crate) enum Step<T> {
+    Answered(Decided),
+    Go(T),
+}
 
-/// A request [`Limiter::admit_now`] could not decide without awaiting the
+/// The value a step goes on with; returns from the calling function when
+/// the step answered the request (as `?` does for an error).
+macro_rules! go {
+    ($step:expr) => {
+        match $step {
+            Step::Go(next) => next,
+            Step::Answered(decided) => return Step::Answered(decided),
+        }
+    };
+}
+
+/// A request [`Limiter::admit_now`] could not decide without awaiting a
 /// store; [`Limiter::admit_later`] goes on from here.
 pub(crate) struct Pending {
-    waiting: Waiting,
-    span: tracing::Span,
-}
-
-impl Pending {
-    /// Deciding stopped at `key`'s store call, inside `span`.
-    fn new(key: Key, cost: u64, failed: Option<StoreErrorKind>, span: &tracing::Span) -> Self {
-        Self {
-            waiting: Waiting { key, cost, failed },
-            span: span.clone(),
-        }
-    }
-}
-
-/// Where deciding stopped to await a store.
-struct Waiting {
     key: Key,
     cost: u64,
     /// `Some`: the main store failed so, and the local fallback is awaited.
     failed: Option<StoreErrorKind>,
+    span: tracing::Span,
 }
 
 impl Limiter {
-    /// Identifies the caller and decides, if that needs no waiting: the
-    /// store answers at once (an in-process store) or is not asked at all
-    /// (allow and deny lists, a missing key, throttling). Otherwise hands
-    /// back what [`admit_later`](Self::admit_later) needs to go on. Either
-    /// way the outcome is counted once, and traced in a debug span with the
-    /// policy, the hashed key and the outcome.
-    ///
-    /// Two steps rather than one awaited path: an answer given in process
-    /// then builds and polls no future (BENCHMARKS.md, "One decision path,
-    /// awaited", measures what one path would add). The steps share all
-    /// but the await.
-    ///
-    /// The verdict goes back with its outcome, as the decision built it:
-    /// re-wrapped into another type it would be copied.
-    pub(crate) fn admit_now(&self, parts: &mut Parts) -> Result<Decided, Pending> {
-        // No subscriber takes debug spans: none is made (nor dropped).
-        if tracing::level_enabled!(tracing::Level::DEBUG) {
-            return self.admit_now_traced(parts);
-        }
-        let admitted = self.decide_now(parts, &UNTRACED);
-        if let Ok((_, outcome)) = &admitted {
-            self.metrics.decision(*outcome);
-        }
-        admitted
-    }
-
-    /// [`admit_now`](Self::admit_now) inside its span, when a subscriber
-    /// may listen at debug level. Out of line and marked cold so that the
-    /// untraced path, every request's in production, is one compact run
-    /// of code rather than interleaved with a second copy of the decision.
-    #[cold]
-    #[inline(never)]
-    fn admit_now_traced(&self, parts: &mut Parts) -> Result<Decided, Pending> {
+    /// Admits a request as far as that needs no waiting, inside a debug span
+    /// with the policy, the hashed key and the outcome: answered, or pending
+    /// on a store that must be awaited. An in-process store answers here,
+    /// so its requests build and poll no future of the limiter's.
+    pub(crate) fn admit_now(&self, parts: &mut Parts) -> Step<Pending> {
         let span = tracing::debug_span!(
             "rate_limit",
-            policy = self.policy.name(),
+            policy = self.config.policy.name(),
             key = tracing::field::Empty,
             outcome = tracing::field::Empty,
             remaining = tracing::field::Empty,
         );
-        let admitted = {
-            let _entered = span.enter();
-            self.decide_now(parts, &span)
-        };
-        if let Ok((_, outcome)) = &admitted {
+        let step = span.in_scope(|| self.decide_now(parts, &span));
+        if let Step::Answered((_, outcome)) = &step {
             self.record(*outcome, &span);
         }
-        admitted
+        step
     }
 
     /// Goes on where [`admit_now`](Self::admit_now) stopped, awaiting the
     /// store (never past the deadline).
     pub(crate) async fn admit_later(&self, parts: &mut Parts, pending: Pending) -> Verdict {
-        let Pending { waiting, span } = pending;
-        // Instrumenting costs a move of the whole decision's future even
-        // when nobody listens: only when the span is on.
-        let (verdict, outcome) = if span.is_disabled() {
-            self.decide_later(parts, waiting, &span).await
-        } else {
-            self.decide_later(parts, waiting, &span)
-                .instrument(span.clone())
-                .await
-        };
+        let span = pending.span.clone();
+        let (verdict, outcome) = self
+            .decide_later(parts, pending)
+            .instrument(span.clone())
+            .await;
         self.record(outcome, &span);
         verdict
     }
 
-    fn record(&self, outcome: Outcome, span: &tracing::Span) {
-        self.metrics.decision(outcome);
-        // Recording into a disabled span still walks its fields: skipped.
-        if !span.is_disabled() {
-            span.record("outcome", outcome.as_str());
-            tracing::debug!(parent: span, "rate limit decision");
-        }
-    }
-
-    /// As far as the request can be decided without awaiting.
-    #[inline(always)]
-    fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Result<Decided, Pending> {
-        let (key, cost) = match self.identify(parts, span) {
-            Ok(identified) => identified,
-            Err(decided) => return Ok(decided),
-        };
-        // The store's answer is matched where the call leaves it and noted
-        // in its arm: each binding or re-wrapping of the decision would
-        // copy it. Not timed: the latency histogram measures waits on a
-        // store out of process, and an answer in process has none to show.
-        let err = if self.cooling_down() {
-            StoreError::cooling_down()
-        } else {
-            match self.store.check_now(&self.policy, &key, cost) {
-                Some(Ok(decision)) => {
-                    self.note_answer();
-                    return Ok(self.judge(parts, key, cost, decision, Decider::Main, None, span));
-                }
-                Some(Err(err)) => {
-                    self.note_failure(&key, &err);
-                    err
-                }
-                None => return Err(Pending::new(key, cost, None, span)),
+    /// The steps, in order, each answering the request or handing the
+    /// next what it needs.
+    fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Step<Pending> {
+        go!(self.check_lists(parts));
+        let key = go!(self.identify(parts, span));
+        let cost = self.cost_of(parts);
+        go!(self.ask_local_deciders(&key, cost));
+        let failed = match self.ask_main_now(&key, cost) {
+            Some(Ok(decision)) => {
+                return Step::Answered(self.judge(
+                    parts,
+                    key,
+                    cost,
+                    decision,
+                    Decider::Main,
+                    None,
+                    span,
+                ))
+            }
+            Some(Err(err)) => err,
+            None => {
+                return Step::Go(Pending {
+                    key,
+                    cost,
+                    failed: None,
+                    span: span.clone(),
+                })
             }
         };
-        let (key, local, kind) = match self.after_failure(parts, key, err) {
-            Ok(decided) => return Ok(decided),
-            Err(fallback) => fallback,
-        };
+        let (local, kind) = go!(self.on_failure(parts, failed));
         self.seed(local, &key);
-        match local.check_now(&self.policy, &key, cost) {
-            Some(result) => Ok(self.fallen_back(parts, key, cost, kind, result, span)),
-            None => Err(Pending::new(key, cost, Some(kind), span)),
+        match local.check_now(&self.config.policy, &key, cost) {
+            Some(result) => Step::Answered(self.fallen_back(parts, key, cost, kind, result, span)),
+            None => Step::Go(Pending {
+                key,
+                cost,
+                failed: Some(kind),
+                span: span.clone(),
+            }),
         }
     }
 
-    /// The rest of [`decide_now`](Self::decide_now), awaiting the store.
-    async fn decide_later(
-        &self,
-        parts: &mut Parts,
-        waiting: Waiting,
-        span: &tracing::Span,
-    ) -> Decided {
-        let Waiting { key, cost, failed } = waiting;
-        let (key, local, kind) = match failed {
-            Some(kind) => match &self.failure {
-                FailurePolicy::Local(local) => (key, local, kind),
+    /// The rest of [`decide_now`](Self::decide_now), awaiting the store it
+    /// stopped at: the main store, or after its failure the local fallback.
+    async fn decide_later(&self, parts: &mut Parts, pending: Pending) -> Decided {
+        let Pending {
+            key,
+            cost,
+            failed,
+            span,
+        } = pending;
+        let (local, kind) = match failed {
+            None => match self.ask_main(&key, cost).await {
+                Ok(decision) => {
+                    return self.judge(parts, key, cost, decision, Decider::Main, None, &span)
+                }
+                Err(err) => match self.on_failure(parts, err) {
+                    Step::Go(fallback) => fallback,
+                    Step::Answered(decided) => return decided,
+                },
+            },
+            Some(kind) => match &self.config.failure {
+                FailurePolicy::Local(local) => (local, kind),
                 // Only a local failure policy leaves a request waiting on a fallback.
                 _ => return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen),
             },
-            None => {
-                let err = match self.ask_main(&key, cost).await {
-                    Ok(decision) => {
-                        return self.judge(parts, key, cost, decision, Decider::Main, None, span)
-                    }
-                    Err(err) => err,
-                };
-                match self.after_failure(parts, key, err) {
-                    Ok(decided) => return decided,
-                    Err(fallback) => fallback,
-                }
-            }
         };
-        // `decide_now`'s tail, awaited: sharing it would add a future to the path that answers at once.
         self.seed(local, &key);
-        let result = Box::pin(self.ask(&**local, &key, cost)).await;
-        self.fallen_back(parts, key, cost, kind, result, span)
+        let result = self.ask(&**local, &key, cost).await;
+        self.fallen_back(parts, key, cost, kind, result, &span)
     }
 
-    /// What a failure of the main store comes to, whether it answered at
-    /// once ([`decide_now`](Self::decide_now)) or was awaited
-    /// ([`decide_later`](Self::decide_later)): the failure policy's
-    /// verdict, or (a local fallback) the key handed back with the store to
-    /// ask instead.
-    // Not boxed: the verdict goes back by value, as on the paths that
-    // answer at once, which must not allocate.
-    #[allow(clippy::result_large_err)]
-    fn after_failure(
-        &self,
-        parts: &mut Parts,
-        key: Key,
-        err: StoreError,
-    ) -> Result<Decided, (Key, &Arc<dyn Store>, StoreErrorKind)> {
-        match self.on_failure(parts, err) {
-            Ok((local, kind)) => Err((key, local, kind)),
-            Err(decided) => Ok(decided),
-        }
+    fn record(&self, outcome: Outcome, span: &tracing::Span) {
+        self.config.metrics.decision(outcome);
+        span.record("outcome", outcome.as_str());
+        tracing::debug!(parent: span, "rate limit decision");
     }
 
-    /// The caller's key and the request's cost; or the verdict, when the
-    /// store need not (allow and deny lists, throttling) or cannot (no key)
-    /// be asked.
-    // Not boxed: a verdict is every request's result, and boxing it would
-    // allocate on the path this split exists to keep allocation-free.
-    #[allow(clippy::result_large_err)]
-    #[inline(always)]
-    fn identify(&self, parts: &mut Parts, span: &tracing::Span) -> Result<(Key, u64), Decided> {
-        if let Some(listed) = self.access.check(parts) {
-            return Err(self.listed(listed));
-        }
-        let key = match self.key.extract(parts) {
-            Ok(key) => key,
-            Err(err) => return Err(self.unidentified(err)),
-        };
-        if !span.is_disabled() {
-            span.record("key", key.hashed());
-        }
-        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
-        if let Some((response, outcome)) = self.local.before_store(self, &key, cost) {
-            return Err((Verdict::Respond(response), outcome));
-        }
-        Ok((key, cost))
-    }
-
-    /// The verdict for a request on an access list: through undecided, or
-    /// refused. Out of line, to keep the decision's path compact.
-    #[inline(never)]
-    fn listed(&self, listed: Listed) -> Decided {
-        match listed {
-            Listed::Allowed => (Verdict::Pass(Pass::bare(None)), Outcome::AllowListed),
-            Listed::Denied => {
-                let response = response::denied(self.limited_status, &self.policy);
-                (Verdict::Respond(response), Outcome::DenyListed)
+    /// The allow and deny lists: through undecided, or refused.
+    fn check_lists(&self, parts: &Parts) -> Step<()> {
+        match self.config.access.check(parts) {
+            None => Step::Go(()),
+            Some(Listed::Allowed) => {
+                Step::Answered((Verdict::Pass(Pass::bare(None)), Outcome::AllowListed))
+            }
+            Some(Listed::Denied) => {
+                let response = response::denied(self.config.limited_status, &self.config.policy);
+                Step::Answered((Verdict::Respond(response), Outcome::DenyListed))
             }
         }
     }
 
-    /// The verdict for a request whose key could not be taken: the key
-    /// error's response, or (in shadow mode) through undecided.
-    #[cold]
-    #[inline(never)]
+    /// The caller's key; without one, the key error's response, or (in
+    /// shadow mode) through undecided.
+    fn identify(&self, parts: &Parts, span: &tracing::Span) -> Step<Key> {
+        match self.config.key.extract(parts) {
+            Ok(key) => {
+                span.record("key", key.hashed());
+                Step::Go(key)
+            }
+            Err(err) => Step::Answered(self.unidentified(err)),
+        }
+    }
+
     fn unidentified(&self, err: KeyError) -> Decided {
-        tracing::debug!(policy = self.policy.name(), error = %err, "rate limit key not found");
-        if self.shadow {
+        tracing::debug!(policy = self.config.policy.name(), error = %err, "rate limit key not found");
+        if self.config.shadow {
             return (Verdict::Pass(Pass::bare(None)), Outcome::KeyError);
         }
-        let response = response::unidentified(self.key_error_status, &err);
+        let response = response::unidentified(self.config.key_error_status, &err);
         (Verdict::Respond(response), Outcome::KeyError)
+    }
+
+    /// The request's price in quota units: 1, or the layer's cost function's.
+    fn cost_of(&self, parts: &Parts) -> u64 {
+        self.config.cost.as_ref().map_or(1, |f| f(parts))
+    }
+
+    /// Throttling mode and the cache of known rejections, which may answer
+    /// without the store.
+    fn ask_local_deciders(&self, key: &Key, cost: u64) -> Step<()> {
+        let answer =
+            self.running
+                .local
+                .before_store(&self.config.policy, key, cost, self.config.shadow);
+        match answer {
+            None => Step::Go(()),
+            Some(LocalAnswer::Throttled { retry_after }) => {
+                let response = response::throttled(self.config.limited_status, retry_after);
+                Step::Answered((Verdict::Respond(response), Outcome::Throttled))
+            }
+            Some(LocalAnswer::Rejected(decision)) => {
+                let response = response::limited(
+                    self.config.limited_status,
+                    &self.config.policy,
+                    &decision,
+                    &self.config.headers,
+                );
+                Step::Answered((Verdict::Respond(response), Outcome::Limited))
+            }
+        }
+    }
+
+    /// The main store's answer if it gives one without waiting (an
+    /// in-process store), noted; `None` when it must be awaited. Within the
+    /// cooldown after a failure the store is not asked at all.
+    fn ask_main_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, StoreError>> {
+        if self.cooling_down() {
+            return Some(Err(StoreError::cooling_down()));
+        }
+        // Not timed: the latency histogram measures waits on a store out of
+        // process, and an answer in process has none to show.
+        let answer = self
+            .config
+            .store
+            .check_now(&self.config.policy, key, cost)?;
+        self.note_result(key, &answer);
+        Some(answer)
     }
 
     /// Turns a store's decision into the verdict: a rejection's response,
     /// or a pass carrying what settling it needs.
     #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
     pub(super) fn judge(
         &self,
         parts: &mut Parts,
         key: Key,
         cost: u64,
-        decision: Decision,
+        mut decision: Decision,
         decider: Decider,
         degraded: Option<StoreErrorKind>,
         span: &tracing::Span,
@@ -285,16 +259,13 @@ impl Limiter {
         if decider == Decider::Main {
             self.learn_from_main(&key, cost, &decision);
         }
-        if !span.is_disabled() {
-            span.record("remaining", decision.remaining);
-        }
+        span.record("remaining", decision.remaining);
         let outcome = match (decision.allowed, decider) {
             (true, Decider::Main) => Outcome::Allowed,
             (true, Decider::Fallback) => Outcome::Fallback,
-            (false, _) if self.shadow => Outcome::ShadowLimited,
+            (false, _) if self.config.shadow => Outcome::ShadowLimited,
             (false, _) => Outcome::Limited,
         };
-        let fallback = decider == Decider::Fallback;
         if outcome == Outcome::Limited {
             let response = self.rejection(&decision, decider, degraded);
             return (Verdict::Respond(response), outcome);
@@ -303,40 +274,38 @@ impl Limiter {
         // extensions (if asked for); its response shows the rejection's
         // headers (Remaining 0) without Retry-After. The store did not
         // charge it.
-        if self.decision_extension {
-            put_in_extensions(parts, &decision, fallback);
+        decision.fallback = decider == Decider::Fallback;
+        if self.config.decision_extension {
+            parts.extensions.insert(decision.clone());
         }
-        // The decision goes into the pass as it came from the store and is
-        // amended there: each move of it on the way is a copy.
-        let mut pass = Pass {
+        decision.retry_after = None;
+        if self.config.shadow {
+            // Shadow mode never changes traffic: a leaky bucket's wait is
+            // recorded (the extension shows it) but not served.
+            decision.delay = None;
+        }
+        let pass = Pass {
             key: Some(key),
             decision: Some(decision),
             decider,
             degraded,
         };
-        if let Some(decision) = &mut pass.decision {
-            decision.fallback = fallback;
-            decision.retry_after = None;
-            if self.shadow {
-                // Shadow mode never changes traffic: a leaky bucket's wait
-                // is recorded (the extension shows it) but not served.
-                decision.delay = None;
-            }
-        }
         (Verdict::Pass(pass), outcome)
     }
 
-    /// A rejection's response, marked when the decision was degraded. Out
-    /// of line: a 429 is answered by this call, a pass skips its code.
-    #[inline(never)]
+    /// A rejection's response, marked when the decision was degraded.
     fn rejection(
         &self,
         decision: &Decision,
         decider: Decider,
         degraded: Option<StoreErrorKind>,
     ) -> Response<Body> {
-        let mut response =
-            response::limited(self.limited_status, &self.policy, decision, &self.headers);
+        let mut response = response::limited(
+            self.config.limited_status,
+            &self.config.policy,
+            decision,
+            &self.config.headers,
+        );
         if let Some(kind) = degraded {
             mark_degraded(response.headers_mut(), kind, decider);
         }
@@ -347,14 +316,9 @@ impl Limiter {
     /// failure policy: while the main store fails (or within the cooldown
     /// after it did), a local fallback answers, and the decision says so
     /// ([`Decision::fallback`]); other policies have no state to show.
-    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::layer::PeekError> {
-        let key = self
-            .key
-            .extract(parts)
-            .map_err(crate::layer::PeekError::Key)?;
-        self.peek_key(&key)
-            .await
-            .map_err(crate::layer::PeekError::Store)
+    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, PeekError> {
+        let key = self.config.key.extract(parts).map_err(PeekError::Key)?;
+        self.peek_key(&key).await.map_err(PeekError::Store)
     }
 
     /// `key`'s state, charging nothing: the main store within the deadline,
@@ -363,19 +327,19 @@ impl Limiter {
         let err = if self.cooling_down() {
             StoreError::cooling_down()
         } else {
-            let peek = self.store.peek(&self.policy, key);
+            let peek = self.config.store.peek(&self.config.policy, key);
             match self.within_deadline(peek).await.0 {
                 Ok(decision) => return Ok(decision),
                 Err(err) => err,
             }
         };
-        let FailurePolicy::Local(local) = &self.failure else {
+        let FailurePolicy::Local(local) = &self.config.failure else {
             return Err(err);
         };
-        tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err,
+        tracing::debug!(policy = self.config.policy.name(), key = %key.hashed(), error = %err,
             "rate limit store failed a peek; answering from the local fallback");
         self.seed(local, key);
-        let peek = local.peek(&self.policy, key);
+        let peek = local.peek(&self.config.policy, key);
         match self.within_deadline(peek).await.0 {
             Ok(mut decision) => {
                 decision.fallback = true;
@@ -388,19 +352,21 @@ impl Limiter {
     /// What the main store decided, remembered as the layer would: for the
     /// cache of rejections and the fallback's starting point.
     pub(crate) fn learn_from_main(&self, key: &Key, cost: u64, decision: &Decision) {
-        if self.shadow {
+        if self.config.shadow {
             return;
         }
-        self.local.after_store(&self.policy, key, cost, decision);
-        if let Some(learned) = &self.learned {
+        self.running
+            .local
+            .after_store(&self.config.policy, key, cost, decision);
+        if let Some(learned) = &self.running.learned {
             learned.learn(key, decision);
         }
     }
 
     /// Forgets what this process remembers of `key` (after a reset).
     pub(crate) fn forget(&self, key: &Key) {
-        self.local.refunded(key);
-        if let Some(learned) = &self.learned {
+        self.running.local.refunded(key);
+        if let Some(learned) = &self.running.learned {
             learned.forget(key);
         }
     }
@@ -413,11 +379,11 @@ impl Limiter {
             return Err(StoreError::cooling_down());
         }
         let (result, waited) = self
-            .within_deadline(self.store.check_before(
-                &self.policy,
+            .within_deadline(self.config.store.check_before(
+                &self.config.policy,
                 key,
                 cost,
-                std::time::Instant::now() + self.deadline,
+                std::time::Instant::now() + self.config.deadline,
             ))
             .await;
         self.answered_main(key, result, waited)
@@ -432,7 +398,7 @@ impl Limiter {
         result: Result<Decision, StoreError>,
         waited: Stopwatch,
     ) -> Result<Decision, StoreError> {
-        self.metrics.store_latency(waited);
+        self.config.metrics.store_latency(waited);
         self.note_result(key, &result);
         result
     }
@@ -443,18 +409,8 @@ impl Limiter {
         key: &Key,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        self.within_deadline(store.check(&self.policy, key, cost))
+        self.within_deadline(store.check(&self.config.policy, key, cost))
             .await
             .0
     }
-}
-
-/// Puts a copy of `decision` in the request's extensions, for handlers
-/// ([`RateLimitLayerBuilder::decision_extension`](crate::layer::RateLimitLayerBuilder::decision_extension)).
-/// Out of line: most layers do not ask for it.
-#[inline(never)]
-fn put_in_extensions(parts: &mut Parts, decision: &Decision, fallback: bool) {
-    let mut decision = decision.clone();
-    decision.fallback = fallback;
-    parts.extensions.insert(decision);
 }

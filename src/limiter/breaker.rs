@@ -10,6 +10,7 @@ use std::task::Poll;
 
 use http::request::Parts;
 
+use super::admit::Step;
 use super::{Decided, Decider, Fallback, Limiter, Pass, Verdict};
 use crate::clock::monotonic_nanos;
 use crate::decision::Decision;
@@ -23,31 +24,28 @@ use crate::store::{BoxFuture, Store};
 impl Limiter {
     /// Applies the failure policy to a failed main store: the verdict, or
     /// the local store to ask instead.
-    // Not boxed: a verdict is every request's result, and boxing it would
-    // allocate on the path this split exists to keep allocation-free.
-    #[allow(clippy::result_large_err)]
     pub(super) fn on_failure(
         &self,
         parts: &mut Parts,
         err: StoreError,
-    ) -> Result<(&Arc<dyn Store>, StoreErrorKind), Decided> {
-        self.health.decided_without_store();
+    ) -> Step<(&Arc<dyn Store>, StoreErrorKind)> {
+        self.running.health.decided_without_store();
         let kind = err.kind();
         parts.extensions.insert(Fallback { kind });
-        match &self.failure {
-            FailurePolicy::Open => Err((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)),
+        match &self.config.failure {
+            FailurePolicy::Open => {
+                Step::Answered((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
+            }
             // Shadow mode never rejects: fail open instead.
-            FailurePolicy::Closed { .. } if self.shadow => {
-                Err((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
+            FailurePolicy::Closed { .. } if self.config.shadow => {
+                Step::Answered((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
             }
             FailurePolicy::Closed { retry_after } => {
                 let secs = (retry_after.as_micros() as u64).div_ceil(1_000_000);
-                Err((
-                    Verdict::Respond(response::unavailable(secs)),
-                    Outcome::FailClosed,
-                ))
+                let response = response::unavailable(secs);
+                Step::Answered((Verdict::Respond(response), Outcome::FailClosed))
             }
-            FailurePolicy::Local(local) => Ok((local, kind)),
+            FailurePolicy::Local(local) => Step::Go((local, kind)),
         }
     }
 
@@ -73,7 +71,7 @@ impl Limiter {
                 span,
             ),
             Err(err) => {
-                tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
+                tracing::warn!(policy = self.config.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
                 (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)
             }
         }
@@ -86,10 +84,12 @@ impl Limiter {
     /// store) is seeded; the charge is made while the record is held, so
     /// no concurrent fallback decision for `key` can come before it.
     pub(crate) fn seed(&self, local: &Arc<dyn Store>, key: &Key) {
-        let Some(learned) = &self.learned else { return };
+        let Some(learned) = &self.running.learned else {
+            return;
+        };
         learned.seed(key, |used| {
-            if let Some(Err(err)) = local.check_now(&self.policy, key, used) {
-                tracing::debug!(policy = self.policy.name(), error = %err,
+            if let Some(Err(err)) = local.check_now(&self.config.policy, key, used) {
+                tracing::debug!(policy = self.config.policy.name(), error = %err,
                     "cannot seed the local fallback");
             }
         });
@@ -98,7 +98,7 @@ impl Limiter {
     /// Whether the main store failed within the cooldown.
     pub(super) fn cooling_down(&self) -> bool {
         // Zero until the store first fails: no clock read on the hot path.
-        let skip_until = self.skip_store_until.load(Ordering::Relaxed);
+        let skip_until = self.running.skip_store_until.load(Ordering::Relaxed);
         skip_until != 0 && monotonic_nanos() < skip_until
     }
 
@@ -115,18 +115,19 @@ impl Limiter {
     /// a warning if it starts an outage, else at debug.
     pub(super) fn note_failure(&self, key: &Key, err: &StoreError) {
         self.note_error(key, err);
-        if !self.cooldown.is_zero() {
-            let until = monotonic_nanos() + self.cooldown.as_nanos() as u64;
-            self.skip_store_until.fetch_max(until, Ordering::Relaxed);
+        if !self.config.cooldown.is_zero() {
+            let until = monotonic_nanos() + self.config.cooldown.as_nanos() as u64;
+            self.running
+                .skip_store_until
+                .fetch_max(until, Ordering::Relaxed);
         }
     }
 
     /// The main store answered: logs the end of an outage, if this ends one.
-    #[inline]
     pub(super) fn note_answer(&self) {
-        if let Some((lasted, without)) = self.health.answered() {
+        if let Some((lasted, without)) = self.running.health.answered() {
             tracing::info!(
-                policy = self.policy.name(),
+                policy = self.config.policy.name(),
                 outage_ms = lasted.as_millis() as u64,
                 decided_without_store = without,
                 "rate limit store answers again"
@@ -137,12 +138,12 @@ impl Limiter {
     /// Counts a failed main-store call (a check, refund or release) and
     /// logs it: a warning if it starts an outage, else at debug.
     pub(crate) fn note_error(&self, key: &Key, err: &StoreError) {
-        self.metrics.store_error(err.kind());
-        if self.health.failed() {
-            tracing::warn!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+        self.config.metrics.store_error(err.kind());
+        if self.running.health.failed() {
+            tracing::warn!(policy = self.config.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
                 "rate limit store failed; applying failure policy until it answers again");
         } else {
-            tracing::debug!(policy = self.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+            tracing::debug!(policy = self.config.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
                 "rate limit store failed");
         }
     }
@@ -161,7 +162,7 @@ impl Limiter {
         let watch = Stopwatch::start();
         // Inline, not boxed: only a store that keeps a request waiting (Redis)
         // gets here, inside the one future the layer boxes for it anyway.
-        match tokio::time::timeout(self.deadline, call).await {
+        match tokio::time::timeout(self.config.deadline, call).await {
             Ok(result) => (result, watch),
             Err(_) => (Err(StoreError::timeout()), watch),
         }

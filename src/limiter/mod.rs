@@ -20,15 +20,18 @@ use crate::failure::{FailurePolicy, Health};
 use crate::headers::PolicyHeaders;
 use crate::key::{Key, KeyExtractor};
 use crate::local::seed::Learned;
+use crate::local::LocalDecisions;
 use crate::metrics::{Outcome, PolicyMetrics};
 use crate::policy::Policy;
 use crate::store::Store;
 
 mod admit;
 mod breaker;
+mod release;
 mod settle;
 
-pub(crate) use admit::Pending;
+pub(crate) use admit::{Pending, Step};
+pub(crate) use release::ReleaseGuard;
 
 /// Price of a request in quota units, from its head.
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
@@ -46,7 +49,6 @@ pub(crate) enum RefundWhen {
 }
 
 impl RefundWhen {
-    #[inline]
     pub(crate) fn matches(&self, status: StatusCode) -> bool {
         match self {
             RefundWhen::NotModified => status == StatusCode::NOT_MODIFIED,
@@ -70,8 +72,15 @@ pub struct Fallback {
     pub kind: StoreErrorKind,
 }
 
-/// Everything the layer was configured with; shared by all service clones.
+/// One policy's limiter, shared by all service clones: what it was
+/// configured with, and what it keeps while it runs.
 pub(crate) struct Limiter {
+    pub(crate) config: Config,
+    pub(crate) running: Running,
+}
+
+/// What the builder configured; never changes.
+pub(crate) struct Config {
     pub(crate) policy: Policy,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) key: Arc<dyn KeyExtractor>,
@@ -92,6 +101,11 @@ pub(crate) struct Limiter {
     pub(crate) access: Access,
     pub(crate) metrics: PolicyMetrics,
     pub(crate) cooldown: Duration,
+}
+
+/// What the limiter keeps while it runs: the breaker's state and what it
+/// remembers of the main store's answers.
+pub(crate) struct Running {
     /// Until when (ns since [`EPOCH`](crate::clock::EPOCH)) the main
     /// store is skipped after a failure.
     pub(crate) skip_store_until: AtomicU64,
@@ -101,7 +115,18 @@ pub(crate) struct Limiter {
     /// from; `None` without a local fallback, or for the concurrency limit.
     pub(crate) learned: Option<Learned>,
     /// Throttling mode and the local decision cache (high-volume mode).
-    pub(crate) local: crate::local::LocalDecisions,
+    pub(crate) local: LocalDecisions,
+}
+
+impl Running {
+    pub(crate) fn new(local: LocalDecisions, learned: Option<Learned>) -> Self {
+        Self {
+            skip_store_until: AtomicU64::new(0),
+            health: Health::default(),
+            learned,
+            local,
+        }
+    }
 }
 
 /// Which store decided a request; refunds go back to the same one.
@@ -131,7 +156,6 @@ pub(crate) struct Pass {
 impl Pass {
     /// How long the request waits for its turn (a leaky bucket's queue),
     /// if at least [`SHORTEST_WAIT`].
-    #[inline]
     pub(crate) fn delay(&self) -> Option<Duration> {
         let delay = self.decision.as_ref().and_then(|d| d.delay)?;
         (delay >= SHORTEST_WAIT).then_some(delay)

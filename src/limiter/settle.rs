@@ -7,12 +7,12 @@ use std::sync::Arc;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
+use super::release::ReleaseGuard;
 use super::{Decider, Limiter, Pass};
 use crate::decision::Receipt;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
 use crate::key::Key;
-use crate::release::ReleaseGuard;
 use crate::store::Store;
 
 static FALLBACK: HeaderName = HeaderName::from_static("x-ratelimit-fallback");
@@ -26,7 +26,6 @@ impl Limiter {
     ///
     /// In line, up to the common case: nothing to give back and nothing to
     /// write (a layer without headers on a pass) returns at once.
-    #[inline]
     pub(crate) fn settle_now(
         &self,
         pass: &mut Pass,
@@ -41,11 +40,10 @@ impl Limiter {
     }
 
     /// [`settle_now`](Self::settle_now) with a refund due.
-    #[inline(never)]
     fn refund_now_and_write(&self, pass: &mut Pass, headers: &mut HeaderMap) -> bool {
         let refunded = self
             .charge_of(pass)
-            .and_then(|(store, key, receipt)| store.refund_now(&self.policy, key, receipt));
+            .and_then(|(store, key, receipt)| store.refund_now(&self.config.policy, key, receipt));
         let Some(result) = refunded else {
             return false;
         };
@@ -66,7 +64,6 @@ impl Limiter {
     }
 
     /// Whether `pass`'s charge goes back, the response being `status`.
-    #[inline]
     fn refund_due(&self, pass: &Pass, status: StatusCode) -> bool {
         // A held slot (concurrency) is given back when the body ends, by its
         // release guard, whatever the status. Releasing here as well would be
@@ -77,8 +74,8 @@ impl Limiter {
                 .decision
                 .as_ref()
                 .is_some_and(|d| !d.receipt.is_empty())
-            && self.refund_when.matches(status)
-            && !self.holds_until_response_ends
+            && self.config.refund_when.matches(status)
+            && !self.config.holds_until_response_ends
     }
 
     /// Gives `pass`'s charge back to the store that decided.
@@ -86,7 +83,7 @@ impl Limiter {
         let Some((store, key, receipt)) = self.charge_of(pass) else {
             return;
         };
-        let call = store.refund(&self.policy, key, receipt);
+        let call = store.refund(&self.config.policy, key, receipt);
         let result = self.within_deadline(call).await.0;
         self.refunded(pass, result);
     }
@@ -101,7 +98,7 @@ impl Limiter {
                 if pass.decider == Decider::Main {
                     self.note_answer();
                 }
-                self.local.refunded(key);
+                self.running.local.refunded(key);
                 let cost = decision.receipt.cost();
                 decision.refunded(cost)
             }
@@ -115,16 +112,17 @@ impl Limiter {
 
     /// The headers a settled pass shows. In line: most passes show none,
     /// and return at its first two checks.
-    #[inline]
     fn write_headers(&self, pass: &Pass, headers: &mut HeaderMap) {
         if let Some(kind) = pass.degraded {
             mark_degraded(headers, kind, pass.decider);
         }
-        if !self.headers.on_a_pass() {
+        if !self.config.headers.on_a_pass() {
             return;
         }
         if let (Some(_), Some(decision)) = (&pass.key, &pass.decision) {
-            self.headers.apply(headers, &self.policy, decision);
+            self.config
+                .headers
+                .apply(headers, &self.config.policy, decision);
         }
     }
 
@@ -132,9 +130,8 @@ impl Limiter {
     /// dropped while armed: for a leaky bucket's pass while it waits its turn
     /// (the client may leave), for a concurrency slot until the response body
     /// ends. `None` when there is nothing to give back.
-    #[inline]
     pub(crate) fn release_guard(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
-        let gives_back = pass.delay().is_some() || self.holds_until_response_ends;
+        let gives_back = pass.delay().is_some() || self.config.holds_until_response_ends;
         if !gives_back {
             return None;
         }
@@ -174,9 +171,9 @@ impl Limiter {
     }
 
     fn store_of(&self, decider: Decider) -> &Arc<dyn Store> {
-        match (decider, &self.failure) {
+        match (decider, &self.config.failure) {
             (Decider::Fallback, FailurePolicy::Local(local)) => local,
-            _ => &self.store,
+            _ => &self.config.store,
         }
     }
 }

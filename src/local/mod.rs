@@ -8,20 +8,24 @@ pub(crate) mod seed;
 
 pub use self::cache::LocalCache;
 
-use axum::body::Body;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use http::{Response, StatusCode};
+use std::time::Duration;
 
 use self::cache::DecisionCache;
 #[cfg(not(feature = "throttle"))]
 use self::no_throttle::Throttle;
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::limiter::Limiter;
-use crate::metrics::Outcome;
 use crate::policy::Policy;
 #[cfg(feature = "throttle")]
 use crate::throttle::Throttle;
+
+/// What the local deciders concluded, before the store was asked.
+pub(crate) enum LocalAnswer {
+    /// A new caller refused while throttling; try again after this.
+    Throttled { retry_after: Duration },
+    /// The cache of rejections repeats one that still holds.
+    Rejected(Decision),
+}
 
 /// The limiter's local deciders; both optional, both off by default.
 #[derive(Debug, Default)]
@@ -49,42 +53,26 @@ impl LocalDecisions {
         self
     }
 
-    /// Before the store: a response if this request is decided here, with
-    /// its metrics outcome. In shadow mode nothing is refused here: the
-    /// throttle only notes the caller (counting a would-be refusal in
+    /// Before the store: what the local deciders say of this request, if
+    /// they decide it. In shadow mode nothing is refused here: the throttle
+    /// only notes the caller (counting a would-be refusal in
     /// `Throttle::stats`), and the cache is not asked.
-    #[inline]
     pub(crate) fn before_store(
         &self,
-        limiter: &Limiter,
+        policy: &Policy,
         key: &Key,
         cost: u64,
-    ) -> Option<(Response<Body>, Outcome)> {
-        // Most layers have neither: their requests skip the call.
-        if self.throttle.is_none() && self.cache.is_none() {
-            return None;
-        }
-        self.decide_here(limiter, key, cost)
-    }
-
-    /// [`before_store`](Self::before_store) with a throttle or a cache.
-    fn decide_here(
-        &self,
-        limiter: &Limiter,
-        key: &Key,
-        cost: u64,
-    ) -> Option<(Response<Body>, Outcome)> {
-        let policy = &limiter.policy;
+        shadow: bool,
+    ) -> Option<LocalAnswer> {
         if let Some(throttle) = &self.throttle {
-            if !throttle.admit(key) && !limiter.shadow {
+            if !throttle.admit(key) && !shadow {
                 tracing::debug!(policy = policy.name(), "throttling: new caller refused");
-                return Some((
-                    throttled(limiter.limited_status, throttle),
-                    Outcome::Throttled,
-                ));
+                return Some(LocalAnswer::Throttled {
+                    retry_after: throttle.retry_after(),
+                });
             }
         }
-        if limiter.shadow {
+        if shadow {
             return None;
         }
         let rejection = self.cache.as_ref()?.rejection(key, cost)?;
@@ -93,13 +81,10 @@ impl LocalDecisions {
             policy = policy.name(),
             "rate limit decision from the local cache"
         );
-        let response =
-            crate::response::limited(limiter.limited_status, policy, &rejection, &limiter.headers);
-        Some((response, Outcome::Limited))
+        Some(LocalAnswer::Rejected(rejection))
     }
 
     /// After the (main) store decided: remember what will hold.
-    #[inline]
     pub(crate) fn after_store(&self, policy: &Policy, key: &Key, cost: u64, decision: &Decision) {
         if let Some(cache) = &self.cache {
             cache.learn(policy.strategy(), key, cost, decision);
@@ -117,25 +102,6 @@ impl LocalDecisions {
     pub(crate) fn cache_hits(&self) -> u64 {
         self.cache.as_ref().map_or(0, DecisionCache::hits)
     }
-}
-
-/// A new caller refused while throttling: `status` (429 by default),
-/// `Retry-After`, and a short JSON message. No `X-RateLimit-*` headers: no
-/// quota was consulted.
-fn throttled(status: StatusCode, throttle: &Throttle) -> Response<Body> {
-    let secs = (throttle.retry_after().as_micros() as u64)
-        .div_ceil(1_000_000)
-        .max(1);
-    let body = serde_json::json!({
-        "message": "The service is busy: sessions in progress are served, new ones are refused for now.",
-        "retry_after": secs,
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    let h = response.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    h.insert(RETRY_AFTER, HeaderValue::from(secs));
-    response
 }
 
 /// Without the `throttle` feature no layer has a throttle: a type with no

@@ -84,7 +84,7 @@ impl TieredLayer {
     /// assert_eq!(layer.tiers().next().unwrap().quotas()[0].limit(), 60);
     /// ```
     pub fn tiers(&self) -> impl Iterator<Item = &Policy> + '_ {
-        self.tiers.limiters.iter().map(|l| &l.policy)
+        self.tiers.limiters.iter().map(|l| &l.config.policy)
     }
 
     /// A handle on tier `name`'s limits for code outside HTTP and for
@@ -141,7 +141,7 @@ impl TieredLayer {
     pub async fn peek(&self, parts: &Parts) -> Result<(&Policy, Decision), PeekError> {
         let limiter = self.tiers.place(parts).map_err(|_| PeekError::Unplaced)?;
         let decision = limiter.peek(parts).await?;
-        Ok((&limiter.policy, decision))
+        Ok((&limiter.config.policy, decision))
     }
 }
 
@@ -284,7 +284,7 @@ impl TieredLayerBuilder {
             let name = layer.policy().name();
             if limiters
                 .iter()
-                .any(|l: &Arc<crate::limiter::Limiter>| l.policy.name() == name)
+                .any(|l: &Arc<crate::limiter::Limiter>| l.config.policy.name() == name)
             {
                 return Err(ConfigError::new(format!(
                     "two tiers are named {name:?}: each tier's policy needs a name of its own, \
@@ -296,7 +296,7 @@ impl TieredLayerBuilder {
         let unplaced = match self.unplaced {
             Unplaced::Tier(name) => Ok(limiters
                 .iter()
-                .position(|l| l.policy.name() == &*name)
+                .position(|l| l.config.policy.name() == &*name)
                 .ok_or_else(|| {
                     ConfigError::new(format!(
                         "the unplaced tier {name:?} is not one of the layer's tiers"

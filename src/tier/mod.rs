@@ -127,7 +127,9 @@ pub(crate) struct Tiers {
 impl Tiers {
     /// The limiter of the tier named `name`.
     pub(crate) fn named(&self, name: &str) -> Option<&Arc<Limiter>> {
-        self.limiters.iter().find(|l| l.policy.name() == name)
+        self.limiters
+            .iter()
+            .find(|l| l.config.policy.name() == name)
     }
 
     /// The limiter of the request's tier, or the status an unplaced request
@@ -143,7 +145,7 @@ impl Tiers {
         match self.unplaced {
             Ok(tier) => {
                 let limiter = &self.limiters[tier];
-                tracing::debug!(chosen = ?chosen, tier = limiter.policy.name(),
+                tracing::debug!(chosen = ?chosen, tier = limiter.config.policy.name(),
                     "rate limit tier not found; counting in the default tier");
                 Ok(limiter)
             }

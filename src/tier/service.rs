@@ -11,7 +11,7 @@ use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
 use super::Tiers;
-use crate::future::ResponseFuture;
+use crate::layer::ResponseFuture;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -57,7 +57,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Tiered<S> {
             .tiers
             .limiters
             .iter()
-            .map(|l| l.policy.name())
+            .map(|l| l.config.policy.name())
             .collect();
         f.debug_struct("Tiered")
             .field("inner", &self.inner)
@@ -86,7 +86,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
         match self.tiers.place(&parts) {
-            Ok(limiter) => crate::service::limit(&mut self.inner, limiter, parts, body),
+            Ok(limiter) => crate::layer::service::limit(&mut self.inner, limiter, parts, body),
             Err(status) => ResponseFuture::answered(unplaced(status)),
         }
     }

@@ -92,10 +92,7 @@ impl Shard {
     /// the state and expiry (µs) `decide` puts in its second argument
     /// (left `None`, the entry stays as it is). One probe for a key already
     /// stored, where [`get`](Self::get) then [`put`](Self::put) take two: a
-    /// hot key's decision. The answer comes back as `decide` returned it,
-    /// not paired with the write: a decision is large, and each repacking
-    /// copies it.
-    #[inline]
+    /// hot key's decision.
     pub(crate) fn update<T>(
         &mut self,
         name: Name<'_>,
@@ -103,7 +100,6 @@ impl Shard {
         decide: impl FnOnce(Option<&State>, &mut Option<(State, u64)>) -> T,
     ) -> T {
         let mut write = None;
-        // One call of `decide`, so that it is inlined once, here.
         let entry = self.entry_mut(name);
         let live = entry.as_deref().filter(|e| e.expires_at > now);
         let answer = decide(live.map(|e| &e.state), &mut write);

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
 
-use crate::limiter::{Limiter, Pass};
-use crate::release::{ReleaseBody, ReleaseGuard};
+use super::body::ReleaseBody;
+use crate::limiter::{Limiter, Pass, ReleaseGuard};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -125,11 +125,8 @@ where
     }
 }
 
-/// Settles a response whose refund must be awaited: rare (a 304 on
-/// Redis), so boxed, and out of line so that the path every other response
-/// takes stays compact.
-#[cold]
-#[inline(never)]
+/// Settles a response whose refund must be awaited (a 304 on Redis): boxed,
+/// as the rare path it is.
 fn settle_later<B, E>(settle: Settle, mut head: http::response::Parts, body: B) -> BoxedResponse<E>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,

@@ -9,9 +9,8 @@ use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::future::{body_of, ResponseFuture, Settle};
-use crate::limiter::{Limiter, Pass, Pending, Verdict};
-use crate::release::ReleaseGuard;
+use super::future::{body_of, ResponseFuture, Settle};
+use crate::limiter::{Limiter, Pass, Pending, ReleaseGuard, Step, Verdict};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -51,7 +50,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("policy", &self.limiter.policy)
+            .field("policy", &self.limiter.config.policy)
             .finish()
     }
 }
@@ -96,33 +95,29 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let decided = limiter.admit_now(&mut parts);
-    // Decided without waiting (an in-process store): the inner service,
-    // made ready in `poll_ready`, runs in place. The pass is looked at
-    // where it lies and moved once, into the future, after the inner call.
-    if let Ok((Verdict::Pass(pass), _)) = &decided {
-        if pass.delay().is_none() {
+    let admitted = match limiter.admit_now(&mut parts) {
+        Step::Answered((Verdict::Respond(response), _)) => {
+            return ResponseFuture::answered(response)
+        }
+        // Decided without waiting (an in-process store): the inner
+        // service, made ready in `poll_ready`, runs in place.
+        Step::Answered((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
             let guard = limiter
-                .release_guard(pass)
+                .release_guard(&pass)
                 .and_then(ReleaseGuard::keep_if_held);
             let future = inner.call(Request::from_parts(parts, body));
-            let Ok((Verdict::Pass(pass), _)) = decided else {
-                unreachable!("matched above")
-            };
+            let limiter = limiter.clone();
             return ResponseFuture::inner(
                 future,
                 Settle {
-                    limiter: limiter.clone(),
+                    limiter,
                     pass,
                     guard,
                 },
             );
         }
-    }
-    let admitted = match decided {
-        Ok((Verdict::Respond(response), _)) => return ResponseFuture::answered(response),
-        Ok((Verdict::Pass(pass), _)) => Admitted::Queued(pass),
-        Err(pending) => Admitted::Pending(pending),
+        Step::Answered((Verdict::Pass(pass), _)) => Admitted::Queued(pass),
+        Step::Go(pending) => Admitted::Pending(pending),
     };
     // The inner service is called later: take the one driven to
     // readiness and leave a fresh clone behind (tower's "be careful when

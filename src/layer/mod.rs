@@ -2,13 +2,17 @@
 //! future it makes, and what it leaves on a request. Its options are set by
 //! [`RateLimitLayerBuilder`] (`layer/builder.rs`).
 
-pub use crate::future::ResponseFuture;
+pub use crate::error::PeekError;
 pub use crate::limiter::Fallback;
 pub use crate::local::LocalCache;
-pub use crate::service::RateLimit;
 pub use builder::RateLimitLayerBuilder;
+pub use future::ResponseFuture;
+pub use service::RateLimit;
 
+mod body;
 mod builder;
+mod future;
+pub(crate) mod service;
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,7 +22,7 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, KeyError, StoreError};
+use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::store::Store;
@@ -67,11 +71,11 @@ pub struct RateLimitLayer {
 impl fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policy", &self.limiter.policy)
-            .field("store", &self.limiter.store)
-            .field("deadline", &self.limiter.deadline)
-            .field("shadow", &self.limiter.shadow)
-            .field("access", &self.limiter.access)
+            .field("policy", &self.limiter.config.policy)
+            .field("store", &self.limiter.config.store)
+            .field("deadline", &self.limiter.config.deadline)
+            .field("shadow", &self.limiter.config.shadow)
+            .field("access", &self.limiter.config.access)
             .finish_non_exhaustive()
     }
 }
@@ -123,13 +127,13 @@ impl RateLimitLayer {
 
     /// The policy this layer enforces.
     pub fn policy(&self) -> &Policy {
-        &self.limiter.policy
+        &self.limiter.config.policy
     }
 
     /// How many requests the [local cache](RateLimitLayerBuilder::local_cache)
     /// answered without the store: the Redis calls it saved.
     pub fn local_cache_hits(&self) -> u64 {
-        self.limiter.local.cache_hits()
+        self.limiter.running.local.cache_hits()
     }
 
     /// The caller's current state under this layer's policy, without charging:
@@ -186,38 +190,5 @@ impl<S> Layer<S> for RateLimitLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.limiter.clone())
-    }
-}
-
-/// Why [`RateLimitLayer::peek`] has no answer.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum PeekError {
-    /// No key could be taken from the request.
-    Key(KeyError),
-    /// The store failed or missed the deadline.
-    Store(StoreError),
-    /// A [tiered layer](crate::TieredLayer) could not place the request in
-    /// any of its tiers, and answers such requests with a status.
-    Unplaced,
-}
-
-impl fmt::Display for PeekError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PeekError::Key(e) => e.fmt(f),
-            PeekError::Store(e) => e.fmt(f),
-            PeekError::Unplaced => f.write_str("the request fits no rate-limit tier"),
-        }
-    }
-}
-
-impl std::error::Error for PeekError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            PeekError::Key(e) => Some(e),
-            PeekError::Store(e) => Some(e),
-            PeekError::Unplaced => None,
-        }
     }
 }

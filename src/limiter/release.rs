@@ -3,17 +3,13 @@
 //! slot whose response ended, failed or was cancelled.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
-
+use super::Limiter;
 use crate::decision::Receipt;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::limiter::Limiter;
 use crate::store::Store;
 
 /// Gives a receipt back to the store that charged it when dropped, unless
@@ -57,7 +53,7 @@ impl ReleaseGuard {
         let held = self
             .0
             .as_ref()
-            .is_some_and(|r| r.limiter.holds_until_response_ends);
+            .is_some_and(|r| r.limiter.config.holds_until_response_ends);
         if held {
             Some(self)
         } else {
@@ -79,10 +75,10 @@ impl ReleaseGuard {
         } = *release;
         // A store that gives back at once (in process), or that commits to
         // sending it (a Redis batch's queue), needs no task.
-        if let Some(given) = store.refund_now(&limiter.policy, &key, &receipt) {
+        if let Some(given) = store.refund_now(&limiter.config.policy, &key, &receipt) {
             match given {
                 Ok(()) => tracing::trace!(
-                    policy = limiter.policy.name(),
+                    policy = limiter.config.policy.name(),
                     "rate limit charge released, or queued to be"
                 ),
                 Err(err) => limiter.note_error(&key, &err),
@@ -91,15 +87,15 @@ impl ReleaseGuard {
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
-                policy = limiter.policy.name(),
+                policy = limiter.config.policy.name(),
                 "no Tokio runtime to release a rate limit charge on; it expires in the store instead"
             );
             return;
         };
         let mut release = Box::pin(async move {
-            let policy = &limiter.policy;
+            let policy = &limiter.config.policy;
             let release = store.refund(policy, &key, &receipt);
-            match tokio::time::timeout(limiter.deadline, release).await {
+            match tokio::time::timeout(limiter.config.deadline, release).await {
                 Ok(Ok(())) => tracing::trace!(policy = policy.name(), "rate limit charge released"),
                 // Counted, and logged as the store's failures are: once
                 // per outage. The charge expires in the store instead.
@@ -123,51 +119,5 @@ impl ReleaseGuard {
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
         self.release();
-    }
-}
-
-pin_project! {
-    /// A response body that releases its request's concurrency slot when it
-    /// ends, fails, or is dropped (a client that went away mid-download).
-    pub(crate) struct ReleaseBody<B> {
-        #[pin]
-        inner: B,
-        guard: ReleaseGuard,
-    }
-}
-
-impl<B> ReleaseBody<B> {
-    pub(crate) fn new(inner: B, guard: ReleaseGuard) -> Self {
-        Self { inner, guard }
-    }
-}
-
-impl<B: Body> Body for ReleaseBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
-        let ended = match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => true,
-            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
-            Poll::Pending => false,
-        };
-        if ended {
-            this.guard.release();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
