@@ -390,8 +390,8 @@ async fn redis_store(
 /// multi-thread one. With a single worker, the multi-thread scheduler runs a
 /// task it just woke next (its LIFO slot), so redis-rs's connection task wakes
 /// after every request and writes each script call on its own; on one thread
-/// the calls of requests that arrive together leave in one write. Measured by
-/// `scripts/load.sh` (BENCHMARKS.md): Redis-backed req/s up by about a sixth.
+/// the calls of requests that arrive together leave in one write, and
+/// Redis-backed requests per second go up (`scripts/load.sh` measures it).
 fn main() -> ExitCode {
     let one_core = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
     let mut builder = if one_core {

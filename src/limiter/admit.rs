@@ -51,6 +51,18 @@ pub(crate) struct Pending {
     span: tracing::Span,
 }
 
+impl Pending {
+    fn new(key: Key, cost: u64, failed: Option<StoreErrorKind>, span: &tracing::Span) -> Self {
+        let span = span.clone();
+        Self {
+            key,
+            cost,
+            failed,
+            span,
+        }
+    }
+}
+
 impl Limiter {
     /// Admits a request as far as that needs no waiting, inside a debug span
     /// with the policy, the hashed key and the outcome: answered, or pending
@@ -90,38 +102,10 @@ impl Limiter {
         let key = go!(self.identify(parts, span));
         let cost = self.cost_of(parts);
         go!(self.ask_local_deciders(&key, cost));
-        let failed = match self.ask_main_now(&key, cost) {
-            Some(Ok(decision)) => {
-                return Step::Answered(self.judge(
-                    parts,
-                    key,
-                    cost,
-                    decision,
-                    Decider::Main,
-                    None,
-                    span,
-                ))
-            }
-            Some(Err(err)) => err,
-            None => {
-                return Step::Go(Pending {
-                    key,
-                    cost,
-                    failed: None,
-                    span: span.clone(),
-                })
-            }
-        };
-        let (local, kind) = go!(self.on_failure(parts, failed));
-        self.seed(local, &key);
-        match local.check_now(&self.config.policy, &key, cost) {
-            Some(result) => Step::Answered(self.fallen_back(parts, key, cost, kind, result, span)),
-            None => Step::Go(Pending {
-                key,
-                cost,
-                failed: Some(kind),
-                span: span.clone(),
-            }),
+        match self.ask_main_now(&key, cost) {
+            Some(Ok(decision)) => Step::Answered(self.judge_main(parts, key, cost, decision, span)),
+            Some(Err(err)) => self.fall_back_now(parts, key, cost, err, span),
+            None => Step::Go(Pending::new(key, cost, None, span)),
         }
     }
 
@@ -136,9 +120,7 @@ impl Limiter {
         } = pending;
         let (local, kind) = match failed {
             None => match self.ask_main(&key, cost).await {
-                Ok(decision) => {
-                    return self.judge(parts, key, cost, decision, Decider::Main, None, &span)
-                }
+                Ok(decision) => return self.judge_main(parts, key, cost, decision, &span),
                 Err(err) => match self.on_failure(parts, err) {
                     Step::Go(fallback) => fallback,
                     Step::Answered(decided) => return decided,
@@ -241,6 +223,36 @@ impl Limiter {
             .check_now(&self.config.policy, key, cost)?;
         self.note_result(key, &answer);
         Some(answer)
+    }
+
+    /// The main store failed: the failure policy's verdict, or (a local
+    /// fallback) its answer, if it gives one without waiting.
+    fn fall_back_now(
+        &self,
+        parts: &mut Parts,
+        key: Key,
+        cost: u64,
+        err: StoreError,
+        span: &tracing::Span,
+    ) -> Step<Pending> {
+        let (local, kind) = go!(self.on_failure(parts, err));
+        self.seed(local, &key);
+        match local.check_now(&self.config.policy, &key, cost) {
+            Some(result) => Step::Answered(self.fallen_back(parts, key, cost, kind, result, span)),
+            None => Step::Go(Pending::new(key, cost, Some(kind), span)),
+        }
+    }
+
+    /// [`judge`](Self::judge) for the main store's decision.
+    fn judge_main(
+        &self,
+        parts: &mut Parts,
+        key: Key,
+        cost: u64,
+        decision: Decision,
+        span: &tracing::Span,
+    ) -> Decided {
+        self.judge(parts, key, cost, decision, Decider::Main, None, span)
     }
 
     /// Turns a store's decision into the verdict: a rejection's response,

@@ -150,8 +150,7 @@ impl RedisStoreBuilder {
     /// touch one hash slot's keys, so decisions batch per set of keys (one
     /// caller's, in practice), one call in flight for each: a flood from
     /// one caller batches, a crowd of callers does not (each decision goes
-    /// alone, with a little bookkeeping on top; BENCHMARKS.md has the
-    /// figures).
+    /// alone: one `EVALSHA`, with a little bookkeeping on top).
     ///
     /// A decision that finds fewer than four calls on their way (see
     /// [`calls_in_flight`](Self::calls_in_flight); on a cluster, none for
@@ -185,8 +184,7 @@ impl RedisStoreBuilder {
     /// call taken waits for one to come back. Choose 1 or 2 where Redis's
     /// CPU, or a core the app shares with it, is what runs out: fewer calls
     /// serve more decisions per second there, at a higher p99. Over a
-    /// network a wait costs a round trip, so keep the default there
-    /// (BENCHMARKS.md has the figures for both).
+    /// network a wait costs a round trip, so keep the default there.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

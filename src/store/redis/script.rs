@@ -316,8 +316,8 @@ fn as_function(name: &str, source: &str) -> String {
 /// A lone script `source` as the function `decide(KEYS, ARGV, dry_run)`,
 /// the prelude (`lua/prelude.lua`) inside it, first: its helpers are then
 /// the function's own locals, as cheap to call as if the script defined
-/// them itself; as the script's upvalues they would cost every lone call
-/// more in Redis (BENCHMARKS.md, "Design choices, measured the same way").
+/// them itself; as the script's upvalues, every helper call would be an
+/// upvalue lookup in Redis.
 fn as_decide(source: &str) -> String {
     as_function("decide", &format!("{PRELUDE}{source}"))
 }
