@@ -21,8 +21,14 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/"
 
-TOLLGATE_CALL = "tollgate::service::limit"
-TOLLGATE_POLL = "<tollgate::future::ResponseFuture<F,E> as core::future::future::Future>::poll"
+# Both the current paths and those before the middleware moved into
+# src/layer/ (096544d and earlier), so that a build copied aside still counts.
+TOLLGATE_CALLS = {"tollgate::layer::service::limit", "tollgate::service::limit"}
+TOLLGATE_POLLS = {
+    "<tollgate::layer::future::ResponseFuture<F,E> as core::future::future::Future>::poll",
+    "<tollgate::future::ResponseFuture<F,E> as core::future::future::Future>::poll",
+}
+SERVICE_FILES = ("src/layer/service.rs", "src/service.rs")
 # tollgate's RateLimit::call (request.into_parts), inlined into the
 # MapFuture::call axum wraps a layer in.
 TOLLGATE_WRAP = "<tower::util::map_future::MapFuture<S,F> as tower_service::Service<R>>::call"
@@ -57,10 +63,10 @@ def main():
             if key not in entries or m.group(4):
                 entries[key] = count(m.group(1))
     functions = {fn for _, fn in entries}
-    tollgate = TOLLGATE_CALL in functions
+    tollgate = bool(TOLLGATE_CALLS & functions)
     if tollgate:
-        is_call = lambda fn: fn == TOLLGATE_CALL
-        is_poll = lambda fn: fn == TOLLGATE_POLL
+        is_call = lambda fn: fn in TOLLGATE_CALLS
+        is_poll = lambda fn: fn in TOLLGATE_POLLS
     elif any(fn.startswith(GOVERNOR_CALL) for fn in functions):
         is_call = lambda fn: fn.startswith(GOVERNOR_CALL)
         is_poll = lambda fn: fn.startswith(GOVERNOR_POLL)
@@ -69,8 +75,10 @@ def main():
     own = sum(n for (f, fn), n in entries.items() if is_call(fn) and not INNER_FILE.search(f))
     own += sum(n for (_, fn), n in entries.items() if is_poll(fn))
     if tollgate:
-        wrap = entries.get(("src/service.rs", TOLLGATE_WRAP), 0)
-        own += max(0, wrap - entries.get(("src/service.rs", TOLLGATE_CALL), 0))
+        for file in SERVICE_FILES:
+            wrap = entries.get((file, TOLLGATE_WRAP), 0)
+            calls = sum(entries.get((file, fn), 0) for fn in TOLLGATE_CALLS)
+            own += max(0, wrap - calls)
     # The inner future's poll, as called from the layer's.
     in_poll = False
     for line in annotate(dump, "--tree=calling"):

@@ -13,9 +13,12 @@
 //! that reads and writes each key once per call), its conformance rows, a
 //! variant of [`Strategy`], a [`Policy`] constructor, a line in [`ALL`]
 //! and in [`Strategy::algorithm`], and, if its state is of a new shape, a
-//! variant of the memory store's [`State`](crate::store::memory::State)
-//! (`store/memory/shard.rs`); `docs/strategies.md` says how the scripts
-//! are put together.
+//! variant of the memory store's `State` (`store/memory/state.rs`);
+//! `docs/strategies.md` says how the scripts are put together.
+//!
+//! This module stands above the stores' parts (the memory shard and its
+//! state, the Redis script, arguments and reply) and below the stores,
+//! which dispatch through [`Algorithm`]; `tests/layers.rs` keeps it so.
 
 pub(crate) mod aligned_window;
 pub(crate) mod concurrency;
