@@ -11,7 +11,7 @@ mod sync;
 mod sync;
 
 pub use self::builder::ThrottleBuilder;
-#[cfg(feature = "redis")]
+
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
