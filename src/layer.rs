@@ -2,6 +2,7 @@
 //! future it makes, and what it leaves on a request. Its options are set by
 //! [`RateLimitLayerBuilder`] (`layer/builder.rs`).
 
+pub use crate::error::PeekError;
 pub use crate::future::ResponseFuture;
 pub use crate::limiter::Fallback;
 pub use crate::local::LocalCache;
@@ -18,7 +19,7 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, KeyError, StoreError};
+use crate::error::ConfigError;
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::store::Store;
@@ -186,38 +187,5 @@ impl<S> Layer<S> for RateLimitLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.limiter.clone())
-    }
-}
-
-/// Why [`RateLimitLayer::peek`] has no answer.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum PeekError {
-    /// No key could be taken from the request.
-    Key(KeyError),
-    /// The store failed or missed the deadline.
-    Store(StoreError),
-    /// A [tiered layer](crate::TieredLayer) could not place the request in
-    /// any of its tiers, and answers such requests with a status.
-    Unplaced,
-}
-
-impl fmt::Display for PeekError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PeekError::Key(e) => e.fmt(f),
-            PeekError::Store(e) => e.fmt(f),
-            PeekError::Unplaced => f.write_str("the request fits no rate-limit tier"),
-        }
-    }
-}
-
-impl std::error::Error for PeekError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            PeekError::Key(e) => Some(e),
-            PeekError::Store(e) => Some(e),
-            PeekError::Unplaced => None,
-        }
     }
 }

@@ -347,14 +347,14 @@ impl Limiter {
     /// failure policy: while the main store fails (or within the cooldown
     /// after it did), a local fallback answers, and the decision says so
     /// ([`Decision::fallback`]); other policies have no state to show.
-    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::layer::PeekError> {
+    pub(crate) async fn peek(&self, parts: &Parts) -> Result<Decision, crate::error::PeekError> {
         let key = self
             .key
             .extract(parts)
-            .map_err(crate::layer::PeekError::Key)?;
+            .map_err(crate::error::PeekError::Key)?;
         self.peek_key(&key)
             .await
-            .map_err(crate::layer::PeekError::Store)
+            .map_err(crate::error::PeekError::Store)
     }
 
     /// `key`'s state, charging nothing: the main store within the deadline,
