@@ -78,14 +78,10 @@ impl Quota {
     /// ```
     pub fn with_window(limit: NonZeroU32, window: Duration) -> Result<Self, ConfigError> {
         if window < Duration::from_millis(1) {
-            return Err(ConfigError::new(format!(
-                "window must be at least 1 ms, got {window:?}"
-            )));
+            return Err(ConfigError::WindowTooShort { window });
         }
         if window > Duration::from_secs(366 * 24 * 3600) {
-            return Err(ConfigError::new(format!(
-                "window must be at most a year, got {window:?}"
-            )));
+            return Err(ConfigError::WindowTooLong { window });
         }
         Ok(Self::of(limit, window))
     }
@@ -100,8 +96,7 @@ impl Quota {
     /// assert!(Quota::new(0, Duration::from_secs(60)).is_err());
     /// ```
     pub fn new(limit: u32, window: Duration) -> Result<Self, ConfigError> {
-        let limit =
-            NonZeroU32::new(limit).ok_or_else(|| ConfigError::new("limit must be at least 1"))?;
+        let limit = NonZeroU32::new(limit).ok_or(ConfigError::LimitZero)?;
         Self::with_window(limit, window)
     }
 

@@ -203,9 +203,7 @@ fn check_prefix(bits: u8) -> Result<u8, ConfigError> {
     if (1..=128).contains(&bits) {
         Ok(bits)
     } else {
-        Err(ConfigError::new(format!(
-            "IPv6 prefix must be 1 to 128 bits, got {bits}"
-        )))
+        Err(ConfigError::Ipv6Prefix { bits })
     }
 }
 
@@ -221,7 +219,9 @@ where
             let s = s.as_ref().trim();
             s.parse::<IpNet>()
                 .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| ConfigError::new(format!("{s:?} is not a network (CIDR) or address")))
+                .map_err(|_| ConfigError::Network {
+                    given: s.to_owned(),
+                })
         })
         .collect()
 }

@@ -450,23 +450,17 @@ impl RateLimitLayerBuilder {
 
     /// The layer, or why this configuration cannot work.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
-        let policy = self
-            .policy
-            .ok_or_else(|| ConfigError::new("a policy is required: call .policy(..)"))?;
+        let policy = self.policy.ok_or(ConfigError::NoPolicy)?;
         policy.validate()?;
         if self.deadline.is_zero() {
-            return Err(ConfigError::new(
-                "the store deadline must be longer than zero",
-            ));
+            return Err(ConfigError::DeadlineZero { what: "store" });
         }
         for (what, status) in [
             ("limited", self.limited_status),
             ("key error", self.key_error_status),
         ] {
             if !(status.is_client_error() || status.is_server_error()) {
-                return Err(ConfigError::new(format!(
-                    "the {what} status must be a 4xx or 5xx, got {status}"
-                )));
+                return Err(ConfigError::StatusNotAnError { what, status });
             }
         }
         let access = self.access.validate()?;

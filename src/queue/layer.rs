@@ -227,7 +227,7 @@ impl QueueLayerBuilder {
     pub fn build(self) -> Result<QueueLayer, ConfigError> {
         let spec = self.queue.spec();
         let capacity = std::num::NonZeroU32::new(spec.capacity() as u32)
-            .ok_or_else(|| ConfigError::new("a queue's capacity must be at least 1"))?;
+            .ok_or(ConfigError::QueueCapacityZero)?;
         let policy = Policy::new(
             spec.name(),
             Strategy::LeakyBucket { capacity },
@@ -235,15 +235,13 @@ impl QueueLayerBuilder {
         );
         policy.validate()?;
         if self.deadline.is_zero() {
-            return Err(ConfigError::new(
-                "the queue deadline must be longer than zero",
-            ));
+            return Err(ConfigError::DeadlineZero { what: "queue" });
         }
         if !(self.limited_status.is_client_error() || self.limited_status.is_server_error()) {
-            return Err(ConfigError::new(format!(
-                "the limited status must be a 4xx or 5xx, got {}",
-                self.limited_status
-            )));
+            return Err(ConfigError::StatusNotAnError {
+                what: "limited",
+                status: self.limited_status,
+            });
         }
         Ok(QueueLayer {
             config: Arc::new(Config {

@@ -209,9 +209,7 @@ impl QueueSpec {
     /// How long the queue key lives after the last push (1 s to a year).
     pub fn ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(366 * 24 * 3600) {
-            return Err(ConfigError::new(format!(
-                "a queue's ttl must be between 1 s and a year, got {ttl:?}"
-            )));
+            return Err(ConfigError::QueueTtl { ttl });
         }
         self.ttl = ttl;
         Ok(self)

@@ -118,9 +118,8 @@ impl StreamProcessor {
     ) -> Result<StreamProcessorBuilder, ConfigError> {
         for (what, name) in [("group", group), ("consumer", consumer)] {
             if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
-                return Err(ConfigError::new(format!(
-                    "a {what} name must be 1-128 characters without control characters, got {name:?}"
-                )));
+                let name = name.to_owned();
+                return Err(ConfigError::ProcessorName { what, name });
             }
         }
         Ok(StreamProcessorBuilder {

@@ -41,9 +41,7 @@ impl KeySpace {
             || prefix.contains(['{', '}', '|'])
             || prefix.chars().any(char::is_control)
         {
-            return Err(ConfigError::new(format!(
-                "key prefix {prefix:?} must be 1-64 characters without braces, '|' or control characters"
-            )));
+            return Err(ConfigError::KeyPrefix { prefix });
         }
         Ok(Self { prefix })
     }

@@ -35,21 +35,20 @@ pub(crate) fn interval(quota: &Quota) -> u64 {
 
 pub(crate) fn validate(quotas: &[Quota], burst: NonZeroU32) -> Result<(), ConfigError> {
     let [q] = quotas else {
-        return Err(ConfigError::new("GCRA takes exactly one quota (its rate)"));
+        return Err(ConfigError::GcraQuotas { got: quotas.len() });
     };
     if u64::from(q.limit()) > q.window_micros() {
-        return Err(ConfigError::new(format!(
-            "GCRA emits at most one unit per microsecond; {} per {:?} is faster",
-            q.limit(),
-            q.window()
-        )));
+        return Err(ConfigError::QuotaTooFast {
+            limit: q.limit(),
+            window: q.window(),
+        });
     }
     if interval(q).saturating_mul(u64::from(burst.get())) > MAX_SPAN_MICROS {
-        return Err(ConfigError::new(format!(
-            "a GCRA bucket of {burst} units at {} per {:?} takes more than a year to refill",
-            q.limit(),
-            q.window()
-        )));
+        return Err(ConfigError::GcraRefillTooLong {
+            burst,
+            limit: q.limit(),
+            window: q.window(),
+        });
     }
     Ok(())
 }

@@ -54,11 +54,11 @@ pub(crate) fn interval_micros(quota: &Quota) -> u64 {
 pub(crate) fn validate(quota: &Quota, capacity: NonZeroU32) -> Result<(), ConfigError> {
     let queue = interval_micros(quota).saturating_mul(u64::from(capacity.get()));
     if queue > MAX_QUEUE_MICROS {
-        return Err(ConfigError::new(format!(
-            "a leaky bucket of capacity {capacity} at {} per {:?} would queue for more than a year",
-            quota.limit(),
-            quota.window()
-        )));
+        return Err(ConfigError::LeakyBucketTooLong {
+            capacity,
+            limit: quota.limit(),
+            window: quota.window(),
+        });
     }
     Ok(())
 }

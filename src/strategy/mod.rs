@@ -136,19 +136,18 @@ impl Policy {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
         if !name_ok {
-            return Err(ConfigError::new(format!(
-                "policy name {:?} must be 1-64 characters of [A-Za-z0-9-_./]",
-                self.name()
-            )));
+            return Err(ConfigError::PolicyName {
+                name: self.name().to_owned(),
+            });
         }
         let max = self.strategy().max_quotas();
         if self.quotas().len() > max {
-            return Err(ConfigError::new(format!(
-                "strategy {} takes at most {max} quota(s), policy {:?} has {}",
-                self.strategy().as_str(),
-                self.name(),
-                self.quotas().len()
-            )));
+            return Err(ConfigError::TooManyQuotas {
+                strategy: self.strategy().as_str(),
+                policy: self.name().to_owned(),
+                max,
+                got: self.quotas().len(),
+            });
         }
         self.strategy().validate(self.quotas())
     }

@@ -37,16 +37,13 @@ pub(crate) const MAX_LIMIT: u32 = 1_000_000;
 
 pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
     if quotas.len() != 2 {
-        return Err(ConfigError::new(
-            "a sliding log takes two quotas, the resource's and each consumer's: use Policy::sliding_log",
-        ));
+        return Err(ConfigError::SlidingLogQuotas { got: quotas.len() });
     }
     match quotas.iter().find(|q| q.limit() > MAX_LIMIT) {
-        Some(q) => Err(ConfigError::new(format!(
-            "a sliding log keeps one entry per unit, so its limits are at most {MAX_LIMIT}, got {}; \
-             the sliding-window counter takes any limit in constant memory",
-            q.limit()
-        ))),
+        Some(q) => Err(ConfigError::SlidingLogLimit {
+            max: MAX_LIMIT,
+            got: q.limit(),
+        }),
         None => Ok(()),
     }
 }

@@ -31,11 +31,8 @@ use std::time::Duration;
 pub(crate) fn validate(quotas: &[Quota]) -> Result<(), ConfigError> {
     match quotas {
         [q] if q.limit() == 1 => Ok(()),
-        [q] => Err(ConfigError::new(format!(
-            "a uniform gate lets one call through per span; its quota's limit must be 1, got {}",
-            q.limit()
-        ))),
-        _ => Err(ConfigError::new("a uniform gate takes exactly one quota")),
+        [q] => Err(ConfigError::UniformGateLimit { limit: q.limit() }),
+        _ => Err(ConfigError::UniformGateQuotas { got: quotas.len() }),
     }
 }
 

@@ -155,48 +155,39 @@ impl ThrottleBuilder {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
         if !name_ok {
-            return Err(ConfigError::new(format!(
-                "throttle name {:?} must be 1-64 characters of [A-Za-z0-9-_./]",
-                self.name
-            )));
+            return Err(ConfigError::ThrottleName {
+                name: self.name.to_string(),
+            });
         }
-        let threshold = self
-            .threshold
-            .ok_or_else(|| ConfigError::new("a throttle needs a threshold: call .threshold(..)"))?;
+        let threshold = self.threshold.ok_or(ConfigError::NoThreshold)?;
         let capacity = self
             .capacity
             .unwrap_or_else(|| usize::try_from(threshold.saturating_mul(2)).unwrap_or(usize::MAX))
             .max(1);
         if (capacity as u64) < threshold {
-            return Err(ConfigError::new(format!(
-                "throttle capacity {capacity} is below its threshold {threshold}: the estimate would saturate first"
-            )));
+            return Err(ConfigError::CapacityBelowThreshold {
+                capacity,
+                threshold,
+            });
         }
         let p = self.false_positive_rate;
         if !(p > 0.0 && p < 1.0) {
-            return Err(ConfigError::new(format!(
-                "false positive rate must be between 0 and 1, got {p}"
-            )));
+            return Err(ConfigError::FalsePositiveRate { rate: p });
         }
         if !(1..=1440).contains(&self.slots) {
-            return Err(ConfigError::new(format!(
-                "a throttle takes 1 to 1440 slots, got {}",
-                self.slots
-            )));
+            return Err(ConfigError::ThrottleSlots { slots: self.slots });
         }
         if self.slot_length < Duration::from_millis(1) || self.sync_every.is_zero() {
-            return Err(ConfigError::new(
-                "slot length must be at least 1 ms and sync_every above zero",
-            ));
+            return Err(ConfigError::ThrottleTiming {
+                slot_length: self.slot_length,
+                sync_every: self.sync_every,
+            });
         }
         let seed = self.seed.unwrap_or_else(|| default_seed(&self.name));
         let shape = Shape::for_capacity(capacity, p, seed);
         let memory = shape.bits / 8 * (self.slots + 2);
         if memory > MAX_MEMORY {
-            return Err(ConfigError::new(format!(
-                "the filters would take {} MiB; lower the capacity, the slots or raise the false positive rate",
-                memory >> 20
-            )));
+            return Err(ConfigError::ThrottleMemory { bytes: memory });
         }
         let slot_micros = self.slot_length.as_micros() as u64;
         let slot_no = self.clock.now_micros() / slot_micros;

@@ -364,8 +364,7 @@ impl Throttle {
     /// # }
     /// ```
     pub fn start(&self) -> Result<SyncTask, ConfigError> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| ConfigError::new("Throttle::start needs a Tokio runtime"))?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
         let throttle = self.clone();
         let every = self.inner.sync_every;
         // Servers whose rounds start at the same instant collide on every

@@ -8,8 +8,8 @@ use tower_layer::Layer;
 
 use super::{ChooseFn, Tiered, Tiers, Unplaced};
 use crate::decision::Decision;
-use crate::error::ConfigError;
-use crate::layer::{PeekError, RateLimitLayerBuilder};
+use crate::error::{ConfigError, PeekError};
+use crate::layer::RateLimitLayerBuilder;
 use crate::policy::Policy;
 use crate::store::{MemoryStore, Store};
 
@@ -265,13 +265,9 @@ impl TieredLayerBuilder {
     /// The layer, or why this configuration cannot work.
     pub fn build(self) -> Result<TieredLayer, ConfigError> {
         if self.tiers.is_empty() {
-            return Err(ConfigError::new(
-                "a tiered layer needs at least one tier: call .tier(..)",
-            ));
+            return Err(ConfigError::NoTiers);
         }
-        let choose = self
-            .choose
-            .ok_or_else(|| ConfigError::new("a tiered layer needs a chooser: call .choose(..)"))?;
+        let choose = self.choose.ok_or(ConfigError::NoChooser)?;
         let store = self
             .store
             .unwrap_or_else(|| Arc::new(MemoryStore::new()) as Arc<dyn Store>);
@@ -280,16 +276,17 @@ impl TieredLayerBuilder {
             let layer = tier
                 .or_store(&store)
                 .build()
-                .map_err(|e| ConfigError::new(format!("tier {}: {e}", i + 1)))?;
+                .map_err(|e| ConfigError::Tier {
+                    tier: i + 1,
+                    source: Box::new(e),
+                })?;
             let name = layer.policy().name();
             if limiters
                 .iter()
                 .any(|l: &Arc<crate::limiter::Limiter>| l.config.policy.name() == name)
             {
-                return Err(ConfigError::new(format!(
-                    "two tiers are named {name:?}: each tier's policy needs a name of its own, \
-                     which keeps its counters apart in the store"
-                )));
+                let name = name.to_string();
+                return Err(ConfigError::DuplicateTier { name });
             }
             limiters.push(layer.limiter);
         }
@@ -297,18 +294,17 @@ impl TieredLayerBuilder {
             Unplaced::Tier(name) => Ok(limiters
                 .iter()
                 .position(|l| l.config.policy.name() == &*name)
-                .ok_or_else(|| {
-                    ConfigError::new(format!(
-                        "the unplaced tier {name:?} is not one of the layer's tiers"
-                    ))
+                .ok_or_else(|| ConfigError::UnknownUnplacedTier {
+                    name: name.to_string(),
                 })?),
             Unplaced::Status(status) if status.is_client_error() || status.is_server_error() => {
                 Err(status)
             }
             Unplaced::Status(status) => {
-                return Err(ConfigError::new(format!(
-                    "the unplaced status must be a 4xx or 5xx, got {status}"
-                )))
+                return Err(ConfigError::StatusNotAnError {
+                    what: "unplaced",
+                    status,
+                })
             }
         };
         Ok(TieredLayer {
