@@ -233,7 +233,7 @@ async fn burst(servers: &[tollgate::RateLimiter], key: &str, n: usize) -> Vec<Ve
             (0..n)
                 .map(|_| {
                     let server = server.clone();
-                    let key = Key::new(key.to_owned());
+                    let key = Key::new(key);
                     tokio::spawn(async move { server.check(&key, 1).await.unwrap() })
                 })
                 .collect()
