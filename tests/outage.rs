@@ -16,8 +16,8 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use redis::Commands;
-use support::redis::RedisServer;
-use tollgate::{Policy, Quota, RateLimitLayer, RedisStore};
+use support::redis::{command_calls, reset_stats, RedisServer};
+use tollgate::{Decision, Key, Policy, Quota, RateLimitLayer, RedisStore};
 use tower::ServiceExt;
 
 /// `redis-server` stopped (SIGSTOP) until dropped (SIGCONT): its sockets
@@ -203,6 +203,141 @@ async fn a_peek_during_an_outage_answers_from_the_fallback() {
     let after_one = layer.peek(&parts()).await.unwrap();
     assert!(after_one.fallback);
     assert_eq!(after_one.used, 2);
+}
+
+/// Every policy whose fallback is seeded (all but the concurrency limit),
+/// each at 50 per 30 s for its caller; two quotas of a fixed window share
+/// the key, and an aligned window is an hour long so that it does not turn
+/// over on this machine's clock while the test runs.
+fn seeded_policies() -> Vec<Policy> {
+    let fifty = NonZeroU32::new(50).unwrap();
+    let per_30s = Quota::new(50, Duration::from_secs(30)).unwrap();
+    let hourly = |n| Quota::per_hour(NonZeroU32::new(n).unwrap());
+    vec![
+        Policy::fixed_window("fixed", per_30s),
+        Policy::fixed_window("fixed-two", per_30s).and(hourly(1000)),
+        Policy::aligned_window("aligned", hourly(50)),
+        Policy::sliding_window("window", per_30s),
+        Policy::sliding_log("log", hourly(1000), per_30s),
+        Policy::gcra("gcra", per_30s, fifty),
+        Policy::leaky_bucket("leaky", per_30s, fifty),
+    ]
+}
+
+/// `n` checks of `key` at once on each of `servers`: per server, the
+/// decisions.
+async fn burst(servers: &[tollgate::RateLimiter], key: &str, n: usize) -> Vec<Vec<Decision>> {
+    let calls: Vec<Vec<_>> = servers
+        .iter()
+        .map(|server| {
+            (0..n)
+                .map(|_| {
+                    let server = server.clone();
+                    let key = Key::new(key);
+                    tokio::spawn(async move { server.check(&key, 1).await.unwrap() })
+                })
+                .collect()
+        })
+        .collect();
+    let mut decided = Vec::new();
+    for server in calls {
+        let mut decisions = Vec::new();
+        for call in server {
+            decisions.push(call.await.unwrap());
+        }
+        decided.push(decisions);
+    }
+    decided
+}
+
+/// Issue 35: 20 requests at once went to Redis in batches, Redis froze, and
+/// one server's fallback then admitted up to 39 of a limit of 50 that had
+/// 30 left (two servers together up to 75, against a documented 60). The
+/// replies of a batch reach their requests in no particular order, and the
+/// fallback's seed kept whichever was handled last. It now keeps the
+/// newest in Redis's order: the highest count Redis told this server, so
+/// each server's fallback admits at most what was left of the limit when
+/// it last heard from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_burst_before_an_outage_seeds_the_fallback_with_the_highest_count() {
+    use tollgate::clock::ManualClock;
+
+    let server = RedisServer::start();
+    // Redis's time stands still: every reply of the burst is at one instant,
+    // and its count alone says which came last.
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let limit = 50;
+    for policy in seeded_policies() {
+        for servers in [1, 2] {
+            let prefix = format!("i35-{}-{servers}", policy.name());
+            let mut limiters = Vec::new();
+            for _ in 0..servers {
+                let store = RedisStore::connect_builder(&server.url())
+                    .await
+                    .unwrap()
+                    .prefix(prefix.clone())
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                let layer = RateLimitLayer::builder()
+                    .policy(policy.clone())
+                    .store(store)
+                    .deadline(Duration::from_millis(300))
+                    .build()
+                    .unwrap();
+                let limiter = layer.limiter();
+                // Loads the lone script; the batch's loads in the burst.
+                assert!(limiter.check(&Key::new("warm"), 1).await.unwrap().allowed);
+                limiters.push(limiter);
+            }
+            let what = format!("{} on {servers} server(s)", policy.name());
+
+            // 20 at once, split among the servers, while Redis holds its
+            // clients: as many go alone as a store has calls in flight
+            // (4), the rest queue and go out together.
+            reset_stats(&server);
+            server.pause_clients(Duration::from_millis(50));
+            let before = burst(&limiters, "k", 20 / servers).await;
+            let decisions: Vec<&Decision> = before.iter().flatten().collect();
+            assert!(decisions.iter().all(|d| d.allowed && !d.fallback), "{what}");
+            let mut used: Vec<u64> = decisions.iter().map(|d| d.used).collect();
+            used.sort_unstable();
+            assert_eq!(used, (1..=20).collect::<Vec<_>>(), "{what}");
+            let evalsha = command_calls(&server).get("evalsha").copied().unwrap_or(0);
+            assert!(
+                evalsha < 20,
+                "{what}: 20 decisions in {evalsha} calls, so some were batched"
+            );
+            // What Redis last told each server: its highest count.
+            let known: Vec<u64> = before
+                .iter()
+                .map(|ds| ds.iter().map(|d| d.used).max().unwrap())
+                .collect();
+
+            let frozen = Frozen::new(&server);
+            let during = burst(&limiters, "k", 200 / servers).await;
+            drop(frozen);
+            let mut together = 0;
+            for ((decisions, known), before) in during.iter().zip(&known).zip(&before) {
+                assert!(decisions.iter().all(|d| d.fallback), "{what}");
+                let admitted = decisions.iter().filter(|d| d.allowed).count() as u64;
+                assert!(
+                    before.len() as u64 + admitted <= limit,
+                    "{what}: {} before the outage and {admitted} during it",
+                    before.len()
+                );
+                let left = limit - known;
+                if policy.name().starts_with("fixed") {
+                    assert_eq!(admitted, left, "{what}: Redis said {known} were spent");
+                } else {
+                    assert!(admitted <= left, "{what}: {admitted} of {left} left");
+                }
+                together += admitted;
+            }
+            let bound: u64 = known.iter().map(|k| limit - k).sum();
+            assert!(together <= bound, "{what}: together {together}");
+        }
+    }
 }
 
 /// A batch that reaches Redis after the earliest deadline among its charges

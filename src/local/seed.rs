@@ -16,9 +16,16 @@ const SHARDS: usize = 16;
 /// plus the key, shared with the rest of the key's uses (it is an `Arc`).
 pub(crate) const CAPACITY: usize = 10_000;
 
-/// The last decision of the main store per key, bounded: a full shard first
-/// drops records whose window has ended, then any one record (that key's
-/// fallback then starts from a fresh budget, as it did before records).
+/// The newest decision of the main store per key, bounded: a full shard
+/// first drops records whose window has ended, then any one record (that
+/// key's fallback then starts from a fresh budget, as it did before
+/// records).
+///
+/// Newest in Redis's order, not in the order this server handles replies:
+/// the replies of one batch, and of calls in flight together, reach their
+/// requests' tasks in no particular order, so the last one handled is often
+/// not the last one decided (issue 35: a burst of 20 left a record of 11,
+/// and one server admitted 59 in a window of 50). See [`Seen::is_newer_than`].
 #[derive(Debug)]
 pub(crate) struct Learned {
     shards: Box<[Mutex<HashMap<Key, Seen>>]>,
@@ -30,6 +37,9 @@ pub(crate) struct Learned {
 struct Seen {
     /// Units spent in the reported quota, this decision's included.
     used: u64,
+    /// Units left in the reported quota (its limit less `used`; a
+    /// rejection's `remaining` says 0 even when a cheaper request fits).
+    left: u64,
     /// When that quota is whole again, store time, µs.
     reset_at: u64,
     /// The store's time when it decided, µs.
@@ -45,6 +55,20 @@ impl Seen {
     fn is_open(&self) -> bool {
         let elapsed = self.learnt.elapsed().as_micros() as u64;
         self.now.saturating_add(elapsed) < self.reset_at
+    }
+
+    /// Whether Redis decided this after `other`, for the same key: at a
+    /// later store time, or at the same time (one batch reads `TIME` once;
+    /// a `ManualClock` stands still) with less left. At one instant every
+    /// charge only adds to every quota's count, so what is left of the
+    /// quota with least left (the one reported) only falls: within a
+    /// window the newest reply is the highest count, whichever quota of
+    /// the key it reports, and a new window's reply (decided after the
+    /// old window ended) replaces the old window's. Strategies whose
+    /// count falls with time (sliding window, GCRA, leaky bucket, sliding
+    /// log) keep their latest count this way too.
+    fn is_newer_than(&self, other: &Seen) -> bool {
+        (self.now, std::cmp::Reverse(self.left)) > (other.now, std::cmp::Reverse(other.left))
     }
 }
 
@@ -62,17 +86,21 @@ impl Learned {
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Remembers the main store's `decision` for `key`.
+    /// Remembers the main store's `decision` for `key`, unless this server
+    /// already handled one that Redis decided after it.
     pub(crate) fn learn(&self, key: &Key, decision: &Decision) {
         let seen = Seen {
             used: decision.used,
+            left: decision.limit.saturating_sub(decision.used),
             reset_at: decision.reset_at_micros,
             now: decision.now_micros,
             learnt: Instant::now(),
         };
         let mut shard = self.shard(key);
         if let Some(known) = shard.get_mut(key) {
-            *known = seen;
+            if seen.is_newer_than(known) {
+                *known = seen;
+            }
             return;
         }
         if seen.used == 0 {
@@ -128,6 +156,68 @@ mod tests {
         learned.learn(&key, &Decision::allowed(5, 3, 1_000_000, 1_000_000));
         learned.seed(&key, |used| seeded.push(used));
         assert_eq!(seeded, [2], "a window that has ended seeds nothing");
+    }
+
+    /// What `learned` would charge the fallback for `key` now.
+    fn seeded(learned: &Learned, key: &Key) -> Option<u64> {
+        let mut seeded = None;
+        learned.seed(key, |used| seeded = Some(used));
+        seeded
+    }
+
+    /// Issue 35: the replies of a batched burst were handled in no order,
+    /// and whichever came last was kept, so the fallback started from a
+    /// count below what Redis had said.
+    #[test]
+    fn an_older_reply_handled_after_a_newer_one_does_not_lower_the_count() {
+        let learned = Learned::new(16);
+        let key = Key::new("k");
+        let end = u64::MAX;
+        // One batch, one `TIME`: counts 1..=20 handled out of order.
+        for used in [3, 20, 7, 1, 19, 11] {
+            learned.learn(&key, &Decision::allowed(50, used, end, 1_000_000));
+        }
+        assert_eq!(seeded(&learned, &key), Some(20));
+
+        // A lone call decided earlier, handled after a later one.
+        learned.learn(&key, &Decision::allowed(50, 8, end, 2_000_000));
+        learned.learn(&key, &Decision::allowed(50, 9, end, 1_999_999));
+        assert_eq!(seeded(&learned, &key), Some(8), "by Redis's time");
+
+        // A rejection says `remaining: 0` even with units left for a
+        // cheaper request; what is left of the limit orders it.
+        learned.learn(&key, &Decision::rejected(50, 47, end, 3_000_000, 1));
+        learned.learn(&key, &Decision::allowed(50, 48, end, 3_000_000));
+        learned.learn(&key, &Decision::rejected(50, 47, end, 3_000_000, 1));
+        assert_eq!(seeded(&learned, &key), Some(48));
+    }
+
+    #[test]
+    fn a_new_windows_reply_replaces_an_old_windows_whatever_its_count() {
+        let learned = Learned::new(16);
+        let key = Key::new("k");
+        let old = Decision::allowed(50, 40, 30_000_000, 29_000_000);
+        let new = Decision::allowed(50, 2, u64::MAX, 30_000_000);
+        learned.learn(&key, &old);
+        learned.learn(&key, &new);
+        learned.learn(&key, &old);
+        assert_eq!(seeded(&learned, &key), Some(2));
+    }
+
+    /// A key several quotas share reports, at each decision, the quota with
+    /// least left; at one instant that only falls, whichever quota it is.
+    #[test]
+    fn replies_reporting_different_quotas_of_a_key_keep_the_newest() {
+        let learned = Learned::new(16);
+        let key = Key::new("k");
+        let end = u64::MAX;
+        // 10 per second and 100 per minute: the minute's quota (95 of 100,
+        // 5 left) is reported, then the second's (7 of 10, 3 left).
+        let minute = Decision::allowed(100, 95, end, 1_000_000).reporting(1);
+        let second = Decision::allowed(10, 7, end, 1_000_000).reporting(0);
+        learned.learn(&key, &second);
+        learned.learn(&key, &minute);
+        assert_eq!(seeded(&learned, &key), Some(7));
     }
 
     #[test]
