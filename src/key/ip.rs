@@ -13,7 +13,7 @@ use axum::extract::ConnectInfo;
 use http::request::Parts;
 use ipnet::IpNet;
 
-use super::{Key, KeyExtractor, ASCII_MAX};
+use super::{Key, KeyExtractor};
 use crate::error::{ConfigError, KeyError};
 
 const DEFAULT_IPV6_PREFIX: u8 = 64;
@@ -286,10 +286,9 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
     }
 }
 
-/// `ip:a.b.c.d`, written in place in the key, each octet by `itoa`.
+/// `ip:a.b.c.d`, each octet by `itoa`, in a buffer on the stack.
 fn ipv4_key(v4: Ipv4Addr) -> Key {
-    let mut text = [0; ASCII_MAX];
-    text[..3].copy_from_slice(b"ip:");
+    let mut text = *b"ip:255.255.255.255";
     let mut len = 3;
     let mut digits = itoa::Buffer::new();
     for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -301,8 +300,8 @@ fn ipv4_key(v4: Ipv4Addr) -> Key {
         text[len..len + octet.len()].copy_from_slice(octet);
         len += octet.len();
     }
-    // Only ASCII digits, dots and "ip:".
-    Key::ascii(text, len)
+    // Only ASCII digits, dots and "ip:": valid text, nothing to escape.
+    Key::trusted(std::str::from_utf8(&text[..len]).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -418,6 +417,23 @@ mod tests {
         assert_eq!(key(&PeerIp::new(), &p), "ip:192.0.2.1");
         assert!(PeerIp::new().ipv6_prefix(0).is_err());
         assert!(ForwardedIp::trusting(["nope"]).is_err());
+    }
+
+    #[test]
+    fn an_ip_key_is_the_key_of_its_text() {
+        use std::hash::BuildHasher;
+        let hasher = std::collections::hash_map::RandomState::new();
+        let ip = PeerIp::new().extract(&parts("1.2.3.4:80", &[])).unwrap();
+        let text = Key::new("ip:1.2.3.4");
+        assert_eq!(ip.as_str(), "ip:1.2.3.4");
+        assert_eq!(ip, text);
+        // As `str` hashes: a map keyed by keys can be looked up by text.
+        assert_eq!(hasher.hash_one(&ip), hasher.hash_one(&text));
+        assert_eq!(hasher.hash_one(&ip), hasher.hash_one("ip:1.2.3.4"));
+        assert_ne!(ip, Key::new("ip:1.2.3."));
+        assert_eq!(format!("{ip} {ip:?}"), format!("{text} {text:?}"));
+        assert_eq!(ip.hashed(), text.hashed());
+        assert_eq!(ip.join(&text).as_str(), "ip:1.2.3.4|ip:1.2.3.4");
     }
 
     #[test]
