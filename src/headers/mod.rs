@@ -191,7 +191,6 @@ impl PolicyHeaders {
     /// Whether a pass's response gets any header: a dialect is on. (A
     /// pass carries no `Retry-After`.) Lets a layer that sends none skip
     /// the call.
-    #[inline]
     pub(crate) fn on_a_pass(&self) -> bool {
         self.dialects.github() || self.dialects.ietf_draft
     }

@@ -13,7 +13,7 @@ use axum::extract::ConnectInfo;
 use http::request::Parts;
 use ipnet::IpNet;
 
-use super::{Key, KeyExtractor, ASCII_MAX};
+use super::{Key, KeyExtractor};
 use crate::error::{ConfigError, KeyError};
 
 const DEFAULT_IPV6_PREFIX: u8 = 64;
@@ -286,52 +286,23 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> Key {
     }
 }
 
-/// `ip:a.b.c.d`, written in place in the key from a table of the 256
-/// octets' digits (no allocation, nothing to check or copy): `format!`
-/// through `Ipv4Addr`'s `Display`, or formatting each octet, cost more
-/// than the rest of taking the key.
+/// `ip:a.b.c.d`, each octet by `itoa`, in a buffer on the stack.
 fn ipv4_key(v4: Ipv4Addr) -> Key {
-    // Room to write every octet's three digit places whole (fixed-size
-    // copies, no call), keeping only its own: "ip:255.255.255.255" is 18.
-    let mut text = [0; ASCII_MAX];
-    text[..3].copy_from_slice(b"ip:");
+    let mut text = *b"ip:255.255.255.255";
     let mut len = 3;
+    let mut digits = itoa::Buffer::new();
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
             text[len] = b'.';
             len += 1;
         }
-        let [n, digits @ ..] = OCTETS[usize::from(octet)];
-        text[len..len + 3].copy_from_slice(&digits);
-        len += usize::from(n);
+        let octet = digits.format(octet).as_bytes();
+        text[len..len + octet.len()].copy_from_slice(octet);
+        len += octet.len();
     }
-    // Only ASCII digits, dots and "ip:".
-    Key::ascii(text, len)
+    // Only ASCII digits, dots and "ip:": valid text, nothing to escape.
+    Key::trusted(std::str::from_utf8(&text[..len]).unwrap_or_default())
 }
-
-/// Each octet's decimal digits, after their count.
-static OCTETS: [[u8; 4]; 256] = {
-    let mut table = [[0; 4]; 256];
-    let mut n = 0;
-    while n < 256 {
-        let digits = [(n / 100) as u8, (n / 10 % 10) as u8, (n % 10) as u8];
-        let skip = if n >= 100 {
-            0
-        } else if n >= 10 {
-            1
-        } else {
-            2
-        };
-        table[n][0] = 3 - skip as u8;
-        let mut i = skip;
-        while i < 3 {
-            table[n][1 + i - skip] = b'0' + digits[i];
-            i += 1;
-        }
-        n += 1;
-    }
-    table
-};
 
 #[cfg(test)]
 mod tests {
@@ -446,6 +417,23 @@ mod tests {
         assert_eq!(key(&PeerIp::new(), &p), "ip:192.0.2.1");
         assert!(PeerIp::new().ipv6_prefix(0).is_err());
         assert!(ForwardedIp::trusting(["nope"]).is_err());
+    }
+
+    #[test]
+    fn an_ip_key_is_the_key_of_its_text() {
+        use std::hash::BuildHasher;
+        let hasher = std::collections::hash_map::RandomState::new();
+        let ip = PeerIp::new().extract(&parts("1.2.3.4:80", &[])).unwrap();
+        let text = Key::new("ip:1.2.3.4");
+        assert_eq!(ip.as_str(), "ip:1.2.3.4");
+        assert_eq!(ip, text);
+        // As `str` hashes: a map keyed by keys can be looked up by text.
+        assert_eq!(hasher.hash_one(&ip), hasher.hash_one(&text));
+        assert_eq!(hasher.hash_one(&ip), hasher.hash_one("ip:1.2.3.4"));
+        assert_ne!(ip, Key::new("ip:1.2.3."));
+        assert_eq!(format!("{ip} {ip:?}"), format!("{text} {text:?}"));
+        assert_eq!(ip.hashed(), text.hashed());
+        assert_eq!(ip.join(&text).as_str(), "ip:1.2.3.4|ip:1.2.3.4");
     }
 
     #[test]

@@ -13,7 +13,6 @@ pub use ip::{ForwardedHeader, ForwardedIp, PeerIp};
 pub use route::RouteKey;
 
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -33,7 +32,7 @@ const MAX_KEY_LEN: usize = 128;
 /// replaced by its SHA-256.
 ///
 /// A key of up to 23 bytes (an IPv4 peer's `ip:a.b.c.d`, most custom keys)
-/// is kept inline, so taking it allocates nothing; a longer one is shared
+/// is kept inline, with no allocation of its own; a longer one is shared
 /// behind a reference count, so cloning never copies the text. Keys are
 /// equal, and hash alike, exactly when their text is.
 ///
@@ -44,21 +43,8 @@ const MAX_KEY_LEN: usize = 128;
 /// assert_eq!(Key::new("{alice}").as_str(), "%7Balice%7D");
 /// assert_eq!(Key::new("a").join(&Key::new("b|c")).as_str(), "a|b%7Cc");
 /// ```
-#[derive(Clone)]
-pub struct Key(Repr);
-
-#[derive(Clone)]
-enum Repr {
-    /// Escaped text: inline up to 23 bytes, shared when longer.
-    Text(SmolStr),
-    /// ASCII written in place by [`Key::ascii`] (a peer's address): an
-    /// in-process store hashes and compares the bytes, and only a reader
-    /// of the text (the Redis store, logs) checks them into a `str`.
-    Ascii { len: u8, bytes: [u8; ASCII_MAX] },
-}
-
-/// The most bytes [`Key::ascii`] keeps in place.
-pub(crate) const ASCII_MAX: usize = 22;
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key(SmolStr);
 
 impl Key {
     /// Escapes `raw` into a key.
@@ -87,9 +73,9 @@ impl Key {
             out.push(HEX[escaped as usize & 0xf] as char);
         }
         if out.len() > MAX_KEY_LEN {
-            return Self::text(format!("sha256:{}", hex_digest(raw.as_bytes(), 32)).into());
+            return Self(format!("sha256:{}", hex_digest(raw.as_bytes(), 32)).into());
         }
-        Self::text(out.finish())
+        Self(out.finish())
     }
 
     /// `self` and `other` as one key, e.g. a route and a caller.
@@ -98,33 +84,17 @@ impl Key {
         joined.push_str(self.as_str());
         joined.push('|');
         joined.push_str(other.as_str());
-        Self::text(joined.finish())
+        Self(joined.finish())
     }
 
     /// The escaped text.
     pub fn as_str(&self) -> &str {
-        match &self.0 {
-            Repr::Text(text) => text,
-            // Only ASCII is written in place: the check never fails.
-            Repr::Ascii { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
-        }
+        &self.0
     }
 
-    /// The text's length in bytes, without reading it as text.
+    /// The text's length in bytes.
     pub(crate) fn len(&self) -> usize {
-        self.as_bytes().len()
-    }
-
-    #[inline]
-    fn as_bytes(&self) -> &[u8] {
-        match &self.0 {
-            Repr::Text(text) => text.as_bytes(),
-            Repr::Ascii { len, bytes } => &bytes[..usize::from(*len)],
-        }
-    }
-
-    fn text(text: SmolStr) -> Self {
-        Self(Repr::Text(text))
+        self.0.len()
     }
 
     /// What logs show instead of the key, which may be an address or an API
@@ -132,57 +102,13 @@ impl Key {
     /// caller through the logs; not anonymous (IPv4 space is small enough to
     /// hash whole).
     pub(crate) fn hashed(&self) -> String {
-        hex_digest(self.as_bytes(), 16)
+        hex_digest(self.0.as_bytes(), 16)
     }
 
     /// Builds from text already known to be safe (addresses, digests).
     pub(crate) fn trusted(text: &str) -> Self {
         debug_assert!(!text.contains(['{', '}', '|']));
-        Self::text(SmolStr::new(text))
-    }
-
-    /// The first `len` bytes of `bytes`, which the caller wrote as ASCII
-    /// already safe as a key (a peer's address): kept as written, with
-    /// nothing to check or copy. A `len` past the array (a caller's
-    /// mistake) keeps the whole array, as text, rather than panicking.
-    #[inline]
-    pub(crate) fn ascii(mut bytes: [u8; ASCII_MAX], len: usize) -> Self {
-        debug_assert!(bytes[..len.min(ASCII_MAX)].is_ascii());
-        match bytes.get_mut(len..) {
-            Some(rest) => {
-                // Zeros after the key, so that equal keys are equal arrays.
-                rest.fill(0);
-                Self(Repr::Ascii {
-                    len: len as u8,
-                    bytes,
-                })
-            }
-            None => Self::trusted(std::str::from_utf8(&bytes).unwrap_or_default()),
-        }
-    }
-}
-
-impl PartialEq for Key {
-    #[inline]
-    fn eq(&self, other: &Self) -> bool {
-        match (&self.0, &other.0) {
-            // Fixed-size arrays, zeros after the key: compared whole.
-            (Repr::Ascii { len: a, bytes: x }, Repr::Ascii { len: b, bytes: y }) => {
-                a == b && x == y
-            }
-            _ => self.as_bytes() == other.as_bytes(),
-        }
-    }
-}
-
-impl Eq for Key {}
-
-/// As `str` hashes: a key hashes alike however it is kept.
-impl Hash for Key {
-    #[inline]
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write(self.as_bytes());
-        state.write_u8(0xff);
+        Self(SmolStr::new(text))
     }
 }
 
@@ -311,35 +237,6 @@ mod tests {
         assert!(!k.as_str().contains(['{', '}', '|']));
         assert_ne!(Key::new("a|b"), Key::new("a").join(&Key::new("b")));
         assert_ne!(Key::new("%7B"), Key::new("{"));
-    }
-
-    #[test]
-    fn a_key_written_in_place_is_the_key_of_its_text() {
-        use std::hash::BuildHasher;
-        let hasher = std::collections::hash_map::RandomState::new();
-        let mut bytes = [b'x'; ASCII_MAX];
-        bytes[..10].copy_from_slice(b"ip:1.2.3.4");
-        let in_place = Key::ascii(bytes, 10);
-        let text = Key::new("ip:1.2.3.4");
-        assert!(matches!(in_place.0, Repr::Ascii { .. }));
-        assert_eq!(in_place.as_str(), "ip:1.2.3.4");
-        assert_eq!(in_place, text);
-        assert_eq!(hasher.hash_one(&in_place), hasher.hash_one(&text));
-        assert_ne!(in_place, Key::ascii(bytes, 9));
-        assert_eq!(
-            format!("{in_place} {in_place:?}"),
-            format!("{text} {text:?}")
-        );
-        assert_eq!(in_place.hashed(), text.hashed());
-        assert_eq!(in_place.join(&text).as_str(), "ip:1.2.3.4|ip:1.2.3.4");
-        // Whatever was written after the key is not part of it.
-        let mut other_tail = bytes;
-        other_tail[10..].fill(b'y');
-        assert_eq!(Key::ascii(other_tail, 10), in_place);
-        // A length past the array: the whole array, as text.
-        let whole = Key::ascii(bytes, ASCII_MAX + 1);
-        assert!(matches!(whole.0, Repr::Text(_)));
-        assert_eq!(whole.as_str(), std::str::from_utf8(&bytes).unwrap());
     }
 
     #[test]
