@@ -139,8 +139,10 @@ impl Limiter {
 
     fn record(&self, outcome: Outcome, span: &tracing::Span) {
         self.config.metrics.decision(outcome);
-        span.record("outcome", outcome.as_str());
-        tracing::debug!(parent: span, "rate limit decision");
+        if !span.is_disabled() {
+            span.record("outcome", outcome.as_str());
+            tracing::debug!(parent: span, "rate limit decision");
+        }
     }
 
     /// The allow and deny lists: through undecided, or refused.
@@ -162,7 +164,11 @@ impl Limiter {
     fn identify(&self, parts: &Parts, span: &tracing::Span) -> Step<Key> {
         match self.config.key.extract(parts) {
             Ok(key) => {
-                span.record("key", key.hashed());
+                // Hashing the key costs more than the rest of a decision in
+                // memory: only for a span that records it.
+                if !span.is_disabled() {
+                    span.record("key", key.hashed());
+                }
                 Step::Go(key)
             }
             Err(err) => Step::Answered(self.unidentified(err)),
@@ -271,7 +277,9 @@ impl Limiter {
         if decider == Decider::Main {
             self.learn_from_main(&key, cost, &decision);
         }
-        span.record("remaining", decision.remaining);
+        if !span.is_disabled() {
+            span.record("remaining", decision.remaining);
+        }
         let outcome = match (decision.allowed, decider) {
             (true, Decider::Main) => Outcome::Allowed,
             (true, Decider::Fallback) => Outcome::Fallback,

@@ -93,6 +93,7 @@ impl Shard {
     /// (left `None`, the entry stays as it is). One probe for a key already
     /// stored, where [`get`](Self::get) then [`put`](Self::put) take two: a
     /// hot key's decision.
+    #[inline]
     pub(crate) fn update<T>(
         &mut self,
         name: Name<'_>,
