@@ -235,3 +235,28 @@ impl RateLimiter {
         result
     }
 }
+
+/// The layer's side of [`RateLimiter`]: here rather than in `layer/`, so
+/// that the layer need not know the type it hands out.
+impl RateLimitLayer {
+    /// A handle on this layer's limits for code outside HTTP (failed
+    /// logins, WebSocket messages, jobs) and for operators: it shares the
+    /// layer's store, budget, breaker and fallback.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, Policy, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(60).unwrap())))
+    ///     .build().unwrap();
+    /// let limiter = layer.limiter();
+    /// limiter.check(&Key::new("10.0.0.1"), 1).await.unwrap();
+    /// assert_eq!(limiter.peek(&Key::new("10.0.0.1")).await.unwrap().remaining, 59);
+    /// # }
+    /// ```
+    pub fn limiter(&self) -> RateLimiter {
+        RateLimiter::of(self.limiter.clone())
+    }
+}

@@ -162,27 +162,6 @@ impl RateLimitLayer {
     pub async fn peek(&self, parts: &Parts) -> Result<Decision, PeekError> {
         self.limiter.peek(parts).await
     }
-
-    /// A handle on this layer's limits for code outside HTTP (failed
-    /// logins, WebSocket messages, jobs) and for operators: it shares the
-    /// layer's store, budget, breaker and fallback.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use std::num::NonZeroU32;
-    /// use tollgate::{Key, Policy, Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::builder()
-    ///     .policy(Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(60).unwrap())))
-    ///     .build().unwrap();
-    /// let limiter = layer.limiter();
-    /// limiter.check(&Key::new("10.0.0.1"), 1).await.unwrap();
-    /// assert_eq!(limiter.peek(&Key::new("10.0.0.1")).await.unwrap().remaining, 59);
-    /// # }
-    /// ```
-    pub fn limiter(&self) -> crate::RateLimiter {
-        crate::RateLimiter::of(self.limiter.clone())
-    }
 }
 
 impl<S> Layer<S> for RateLimitLayer {
