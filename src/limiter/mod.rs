@@ -1,8 +1,9 @@
 //! The request path's logic, apart from tower's plumbing, a file per job:
 //! [`admit`] identifies the caller and decides, [`breaker`] keeps a failing
 //! store at bay and applies the failure policy (within a deadline), and
-//! [`settle`] refunds, releases and writes the headers. This file holds what
-//! they share: the configuration every service clone holds, and the pass a
+//! [`settle`] refunds and writes the headers, [`release`] gives a held
+//! charge back without blocking. This file holds what they share: the
+//! limiter (its [`Config`] and what it keeps [`Running`]), and the pass a
 //! request carries from admitting to settling.
 
 use std::sync::atomic::AtomicU64;
