@@ -239,6 +239,25 @@ pub enum ConfigError {
     },
     /// `Throttle::start` was called outside a Tokio runtime.
     NoRuntime,
+    /// A [`PenaltyBox`](crate::PenaltyBox) out of bounds.
+    PenaltyBox {
+        /// What is wrong.
+        why: String,
+    },
+    /// An [`Override`](crate::Override) the policy cannot take.
+    Override {
+        /// The policy.
+        policy: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Quotas from the request with bounds that hold no limit.
+    RequestLimits {
+        /// The lowest limit allowed.
+        min: u32,
+        /// The highest.
+        max: u32,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -353,6 +372,12 @@ impl fmt::Display for ConfigError {
                 f,
                 "the filters would take {} MiB; lower the capacity, the slots or raise the false positive rate",
                 bytes >> 20
+            ),
+            PenaltyBox { why } => write!(f, "penalty box: {why}"),
+            Override { policy, why } => write!(f, "override for policy {policy:?}: {why}"),
+            RequestLimits { min, max } => write!(
+                f,
+                "limits from the request must lie in 1..=u32::MAX with min <= max, got {min}..={max}"
             ),
             NoRuntime => f.write_str("Throttle::start needs a Tokio runtime"),
         }

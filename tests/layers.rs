@@ -18,6 +18,8 @@ const FLOORS: &[&str] = &[
     "key",
     "decision",
     "quota",
+    "overrides",
+    "penalty",
     "policy",
     "headers",
     "metrics",

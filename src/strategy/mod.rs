@@ -234,6 +234,12 @@ pub(crate) trait Algorithm: Sync {
         read_only: bool,
     ) -> (&'static LuaScript, Args);
 
+    /// Where [`call`](Self::call)'s arguments for the policy's quotas start
+    /// (0-based), and those arguments: what a caller's override replaces
+    /// (`lua/caller.lua`).
+    #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args);
+
     /// The Redis store's refund of `receipt`, at `now` (µs, or -1 for Redis
     /// `TIME`), on the policy's quota keys.
     #[cfg(feature = "redis")]
