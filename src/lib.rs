@@ -74,7 +74,7 @@ pub mod throttle;
 pub mod tier;
 
 pub use decision::Decision;
-pub use error::{ConfigError, KeyError, StoreError};
+pub use error::{AdminError, ConfigError, KeyError, StoreError};
 pub use failure::FailurePolicy;
 pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};

@@ -17,6 +17,8 @@
 //! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::throttle::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
 //! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
 //! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
+//! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
+//! | [`tollgate_blocks_total`](BLOCKS) | counter | `policy`, `by` | blocks a [penalty box](crate::PenaltyBox) started, `by` the caller's `strikes` or an `operator` |
 //!
 //! Store failures are logged by state, not by call: a warning when the
 //! store starts failing, an info line when it answers again; the counters
@@ -51,6 +53,22 @@ use crate::policy::Policy;
 /// ```
 #[cfg(feature = "metrics")]
 pub const DECISIONS: &str = "tollgate_decisions_total";
+
+/// Counter name: overrides set or cleared, by `policy` and `change`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::OVERRIDES, "tollgate_overrides_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const OVERRIDES: &str = "tollgate_overrides_total";
+
+/// Counter name: penalty-box blocks started, by `policy` and `by`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::BLOCKS, "tollgate_blocks_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const BLOCKS: &str = "tollgate_blocks_total";
 
 /// Counter name: failed store calls by `policy` and `kind`.
 ///
@@ -195,6 +213,16 @@ pub fn describe() {
         REPLICA_FALLBACKS,
         Unit::Count,
         "Read-only rate limit calls a replica failed, asked of the primary"
+    );
+    describe_counter!(
+        OVERRIDES,
+        Unit::Count,
+        "Per-caller quota overrides set or cleared by an operator"
+    );
+    describe_counter!(
+        BLOCKS,
+        Unit::Count,
+        "Penalty-box blocks started, by the caller's strikes or an operator"
     );
     describe_gauge!(
         ACTIVE_CALLERS,
@@ -416,6 +444,26 @@ pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
     ::metrics::gauge!(ACTIVE_CALLERS, "policy" => policy.shared_name().clone()).set(estimate);
     #[cfg(not(feature = "metrics"))]
     let _ = (policy, estimate);
+}
+
+/// Counts an operator's change to an override: `set` or `cleared`.
+#[inline]
+pub(crate) fn override_changed(policy: &Policy, change: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(OVERRIDES, "policy" => policy.shared_name().clone(), "change" => change)
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, change);
+}
+
+/// Counts a penalty-box block started, `by` the caller's `strikes` or an
+/// `operator`.
+#[inline]
+pub(crate) fn block_started(policy: &Policy, by: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(BLOCKS, "policy" => policy.shared_name().clone(), "by" => by).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, by);
 }
 
 #[cfg(all(test, feature = "metrics"))]

@@ -106,7 +106,7 @@ end
 -- Reply: the strategy's, but while the caller is blocked {2, limit, used,
 -- block end, block end - now, now, reported quota}: what its counters say
 -- (nothing written), refused until the block ends. The rejection that
--- starts a block replies so too.
+-- starts a block replies so too, with 3 first instead of 2.
 
 local function with_caller(inner)
   return function(KEYS, ARGV, dry_run)
@@ -158,7 +158,7 @@ local function with_caller(inner)
           if s >= strikes then
             b = now + math.floor(math.min(block * 2 ^ blocks, cap))
             blocks, s = blocks + 1, 0
-            reply = {2, reply[2], math.min(reply[3], reply[2]), b, b - now, now, reply[7]}
+            reply = {3, reply[2], math.min(reply[3], reply[2]), b, b - now, now, reply[7]}
           end
           redis.call('HSET', box, 'b', string.format('%d', b), 's', s,
             'e', string.format('%d', e), 'n', blocks)

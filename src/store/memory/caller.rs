@@ -125,6 +125,7 @@ pub(crate) fn decide(
     let keep = penalty.keep_until(&record) + GRACE_MICROS;
     shard.put(keys.penalty(), State::Penalty(record), keep);
     if record.blocked_until > now {
+        crate::metrics::block_started(policy, "strikes");
         return decision.blocked_until(record.blocked_until);
     }
     decision

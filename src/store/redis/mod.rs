@@ -272,6 +272,9 @@ impl RedisStore {
                 reply::integers(reply.map_err(|err| script.error(err))?)?
             }
         };
+        if reply.first() == Some(&reply::BLOCK_STARTED) {
+            crate::metrics::block_started(policy, "strikes");
+        }
         let now_at = if reply.first() == Some(&reply::LATE) {
             1
         } else {
