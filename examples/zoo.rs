@@ -294,12 +294,13 @@ async fn build(settings: &Settings) -> Result<Router, String> {
 
     let tiger_limit = RateLimitLayer::builder()
         .headers(dialect())
-        .policy(Policy::fixed_window("tigerfeeding", settings.quota))
+        .policy(Policy::fixed_window("tigerfeeding", settings.quota).overridable())
         .shared_store(store.clone())
         .key(key.clone())
         .build()
         .map_err(|e| e.to_string())?;
 
+    let tiger_limiter = tiger_limit.limiter();
     let instant = instant::routes(&settings.instant, store.clone(), key.clone())?;
     let holding = holding::routes(
         &settings.holding,
@@ -366,6 +367,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         store.clone(),
         key.clone(),
         resettable,
+        tiger_limiter,
     )?);
     Ok(router
         .route("/rate_limit", get(rate_limit))

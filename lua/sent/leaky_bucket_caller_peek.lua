@@ -144,6 +144,10 @@ local function with_caller(inner)
     if box then
       local p = redis.call('HMGET', box, 'b', 's', 'e', 'n')
       local b = tonumber(p[1]) or 0
+      local cap = tail[5] + 0
+      -- Past its keeping the entry counts as none, expired or not (expiry
+      -- only cleans up, and replicas do not expire keys).
+      if math.max(tonumber(p[3]) or 0, b + cap) <= now then p, b = {}, 0 end
       local cost = ARGV[2]
       if b > now then
         ARGV[2] = '0'
@@ -154,7 +158,7 @@ local function with_caller(inner)
         reply = inner(KEYS, ARGV, dry_run)
         if reply[1] == 0 and not dry_run and cost + 0 > 0 then
           local s, e, blocks = tonumber(p[2]) or 0, tonumber(p[3]) or 0, tonumber(p[4]) or 0
-          local span, block, cap = tail[3] + 0, tail[4] + 0, tail[5] + 0
+          local span, block = tail[3] + 0, tail[4] + 0
           if e > now then s = s + 1 else s, e = 1, now + span end
           if s >= strikes then
             b = now + math.floor(math.min(block * 2 ^ blocks, cap))

@@ -107,7 +107,7 @@ pub(crate) fn decide(
         return algorithm.decide(policy, shard, keys, now, cost);
     };
     let record = match shard.get(keys.penalty(), now) {
-        Some(State::Penalty(record)) => *record,
+        Some(State::Penalty(record)) if penalty.keep_until(record) > now => *record,
         _ => Record::default(),
     };
     if record.blocked_until > now {
@@ -138,7 +138,7 @@ pub(crate) fn block(policy: &Policy, shard: &mut Shard, keys: &KeyNames<'_>, now
         return;
     };
     let mut record = match shard.get(keys.penalty(), now) {
-        Some(State::Penalty(record)) => *record,
+        Some(State::Penalty(record)) if penalty.keep_until(record) > now => *record,
         _ => Record::default(),
     };
     record.blocked_until = until;
