@@ -190,24 +190,23 @@ fn admitted(
     accounts: &Accounts,
     headers: &HeaderMap,
     query: &HashMap<String, String>,
-) -> Result<Key, Response> {
+) -> Result<Key, (StatusCode, String)> {
     let Some(token) = &accounts.admin_token else {
         return Err((
             StatusCode::NOT_FOUND,
-            "the admin route is off: set ZOO_ADMIN_TOKEN",
-        )
-            .into_response());
+            "the admin route is off: set ZOO_ADMIN_TOKEN".into(),
+        ));
     };
     let sent = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if sent.map(str::as_bytes) != Some(token.as_bytes()) {
-        return Err((StatusCode::FORBIDDEN, "wrong or missing admin token").into_response());
+        return Err((StatusCode::FORBIDDEN, "wrong or missing admin token".into()));
     }
     Whom::from_query(query)
         .and_then(|whom| caller(accounts, &whom))
-        .map_err(|why| (StatusCode::BAD_REQUEST, why).into_response())
+        .map_err(|why| (StatusCode::BAD_REQUEST, why))
 }
 
 /// The operator's unblock: resets the caller named by `ip` or `api_key` in
@@ -219,7 +218,7 @@ async fn reset(
 ) -> Response {
     let key = match admitted(&accounts, &headers, &query) {
         Ok(key) => key,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let mut reset = Vec::new();
     for limiter in accounts.resettable.iter() {
@@ -241,7 +240,7 @@ async fn set_limit(
 ) -> Response {
     let key = match admitted(&accounts, &headers, &query) {
         Ok(key) => key,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let window = accounts.overridable.policy().quotas()[0].window();
     let quotas = match override_of(&body, window) {
@@ -300,7 +299,7 @@ async fn clear_limit(
 ) -> Response {
     let key = match admitted(&accounts, &headers, &query) {
         Ok(key) => key,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     match accounts.overridable.clear_override(&key).await {
         Ok(true) => Json(json!({ "cleared": true })).into_response(),
