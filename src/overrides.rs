@@ -117,6 +117,7 @@ impl Override {
         self.until_micros.is_none_or(|until| until > now)
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The override as stored text: its end (0 for none), then each
     /// quota's limit and window (µs), space-separated.
     pub(crate) fn to_text(&self) -> String {
@@ -127,6 +128,7 @@ impl Override {
         text
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// Reads [`to_text`](Self::to_text) back; `None` when it is not one.
     pub(crate) fn from_text(text: &str) -> Option<Self> {
         let mut numbers = text.split_ascii_whitespace().map(str::parse::<u64>);

@@ -110,6 +110,7 @@ impl PenaltyBox {
         Duration::from_micros(self.block_micros)
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The script's arguments: strikes, span, block and cap (µs).
     pub(crate) fn args(&self) -> [u64; 4] {
         [
