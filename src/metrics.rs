@@ -514,6 +514,60 @@ mod tests {
     }
 
     #[test]
+    fn overrides_and_blocks_are_counted_by_policy_and_cause() {
+        use crate::key::Key;
+        use crate::penalty::PenaltyBox;
+        use crate::store::{MemoryStore, Store};
+        use std::time::Duration;
+
+        let one = NonZeroU32::new(1).unwrap();
+        let penalty =
+            PenaltyBox::new(one, Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+        let policy =
+            Policy::fixed_window("login", Quota::per_minute(one)).with_penalty_box(penalty);
+        let store = MemoryStore::new();
+        let eve = Key::new("eve");
+        let recorder = DebuggingRecorder::new();
+        ::metrics::with_local_recorder(&recorder, || {
+            override_changed(&policy, "set");
+            for _ in 0..3 {
+                // A pass, the rejection that starts the block, a refusal.
+                store.check_now(&policy, &eve, 1).unwrap().unwrap();
+            }
+        });
+        let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()));
+                (key.key().name().to_owned(), labels.collect(), value)
+            })
+            .collect();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let labels = |more: &str| vec!["policy=login".to_owned(), more.to_owned()];
+        assert_eq!(
+            seen,
+            vec![
+                (
+                    BLOCKS.to_owned(),
+                    labels("by=strikes"),
+                    DebugValue::Counter(1)
+                ),
+                (
+                    OVERRIDES.to_owned(),
+                    labels("change=set"),
+                    DebugValue::Counter(1)
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn outcome_and_kind_tables_match_their_indices() {
         for (i, outcome) in Outcome::ALL.iter().enumerate() {
             assert_eq!(*outcome as usize, i);
