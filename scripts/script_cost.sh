@@ -9,6 +9,7 @@
 #                                               # (lua/caller.lua), a caller without an override
 #   CS_CALLER=overridden ...                    # the same, the caller with one
 #   CS_CALLER=penalty ...                       # a penalty box, the caller never struck
+#   CS_STRATEGIES="fixed_window gcra" ...       # only these
 #
 # For every strategy: a lone decision (EVALSHA of lua/sent/<strategy>.lua),
 # its peek (the no-writes twin, unflagged so any server runs it), and a
@@ -75,7 +76,7 @@ declare -A ARGS=(
   [concurrency]="-1 1 1000000000 60000000 42"
   [sliding_log]="-1 1 42 1000000000 1000 1000000000 1000"
 )
-strategies="fixed_window aligned_window sliding_window gcra leaky_bucket uniform_gate concurrency sliding_log"
+strategies=${CS_STRATEGIES:-"fixed_window aligned_window sliding_window gcra leaky_bucket uniform_gate concurrency sliding_log"}
 
 # Where each strategy's quota arguments start (1-based): what an override
 # replaces, in lua/caller.lua's `at`.
@@ -109,10 +110,10 @@ for s in $strategies; do
     case "$caller" in
       override | overridden)
         keys+=("cost:{$s}:override")
-        args+=("${AT[$s]}" 0 0 0 0) ;;
+        args+=("${AT[$s]}") ;;
       penalty)
         keys+=("cost:{$s}:penalty")
-        args+=(0 3 1000000000 1000000000 1000000000) ;;
+        args+=(3 1000000000 1000000000 1000000000 -1) ;;
     esac
     nk=${#keys[@]}
   fi

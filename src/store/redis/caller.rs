@@ -17,8 +17,9 @@ use crate::store::keys::KeyList;
 
 impl RedisStore {
     /// Appends what `lua/caller.lua` takes to a decision of `policy` for
-    /// `key`: the override's and the penalty box's keys, and five
-    /// arguments.
+    /// `key`: the override's and the penalty box's keys, and where the
+    /// quota arguments start (after the penalty box's four, negated, for a
+    /// policy with one).
     pub(super) fn add_caller_rules(
         &self,
         policy: &Policy,
@@ -33,13 +34,13 @@ impl RedisStore {
         } else {
             0
         };
-        args.push(at);
         match policy.penalty_box() {
             Some(penalty) => {
                 keys.push(self.keyspace().penalty_key(policy, key));
                 args.extend(penalty.args().map(int));
+                args.push(-at - 1);
             }
-            None => args.extend([0; 4]),
+            None => args.push(at),
         }
     }
 
