@@ -7,6 +7,7 @@ mod builder;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod connection;
+mod lease;
 pub(crate) mod reply;
 pub(crate) mod script;
 #[cfg(feature = "sentinel")]
@@ -19,6 +20,7 @@ pub use self::builder::RedisStoreBuilder;
 pub use self::cluster::ClusterConfig;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelConfig;
+pub use self::lease::Leases;
 pub use self::shards::{Shard, ShardedConfig};
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -28,6 +30,7 @@ use std::time::Instant;
 use self::args::{int, GiveBack};
 use self::batchers::Batchers;
 use self::connection::Connection;
+use self::lease::LeaseTable;
 use self::script::Args;
 use self::script::{LuaScript, SCRIPTS};
 use self::server::Scripting;
@@ -88,6 +91,8 @@ struct Inner {
     /// Redis time minus this machine's monotonic time, learnt from replies:
     /// how a request's deadline is told to the scripts.
     offset: ClockOffset,
+    /// Hot callers' leases, when the store leases (`lease.rs`).
+    leases: Option<LeaseTable>,
 }
 
 /// The offset between Redis's clock and this machine's monotonic one, µs,
@@ -137,6 +142,7 @@ fn every_script() -> Vec<&'static LuaScript> {
         all.extend([&trio.check, &trio.peek, &trio.refund]);
     }
     all.push(&SCRIPTS.reset);
+    all.extend(crate::strategy::lease::scripts());
     let twins: Vec<&LuaScript> = all.iter().filter_map(|s| s.unflagged()).collect();
     all.extend(twins);
     let batches: Vec<&LuaScript> = all.iter().filter_map(|s| s.batch()).collect();
@@ -311,6 +317,7 @@ impl RedisStore {
     /// One `DEL` of `key`'s own keys under `policy` (lua/reset.lua): its
     /// keys share one hash tag, so one call on one node clears them all.
     async fn forget(&self, policy: &Policy, key: &Key) -> Result<(), StoreError> {
+        self.forget_lease(policy, key);
         let keys: KeyList = self
             .inner
             .keys
@@ -338,9 +345,19 @@ impl RedisStore {
         key: &Key,
         receipt: &Receipt,
     ) -> Result<(), StoreError> {
-        if receipt.is_empty() {
+        if receipt.is_empty() || self.refund_to_lease(policy, key, receipt) {
             return Ok(());
         }
+        self.refund_in_redis(policy, key, receipt).await
+    }
+
+    /// The strategy's refund script for `receipt`, in Redis.
+    async fn refund_in_redis(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+    ) -> Result<(), StoreError> {
         let keys = self.inner.keys.quota_keys(policy, key);
         let algorithm = policy.strategy().algorithm();
         let (script, args) = match algorithm.give_back_call(policy, self.now_int(), receipt) {
@@ -367,6 +384,13 @@ impl RedisStore {
         deadline: Option<Instant>,
     ) -> Result<Decision, StoreError> {
         {
+            if self.inner.leases.is_some() {
+                // Boxed: a store without leases carries none of its future.
+                let leasing = Box::pin(self.charge_leasing(policy, key, cost, deadline));
+                if let Some(answer) = leasing.await {
+                    return answer;
+                }
+            }
             if self.inner.pre_check && cost > 0 && policy.strategy().rejection_is_stable() {
                 match self.decide(policy, key, cost, true, 0).await {
                     Ok(decision) if !decision.allowed => return Ok(decision),
@@ -408,7 +432,25 @@ impl Store for RedisStore {
         policy: &'a Policy,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.decide(policy, key, 0, true, 0))
+        if self.inner.leases.is_none() {
+            return Box::pin(self.decide(policy, key, 0, true, 0));
+        }
+        Box::pin(async move {
+            let decision = self.decide(policy, key, 0, true, 0).await?;
+            Ok(self.with_lease_in_hand(policy, key, decision))
+        })
+    }
+
+    /// A decision from this server's lease of `key`, when it holds one
+    /// that covers `cost` (see [`Leases`]); otherwise `None`: Redis decides.
+    fn check_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        self.inner.leases.as_ref()?;
+        self.spend_lease(policy, key, cost).map(Ok)
     }
 
     fn reset<'a>(
@@ -452,6 +494,9 @@ impl Store for RedisStore {
         receipt: &Receipt,
     ) -> Option<Result<(), StoreError>> {
         let algorithm = policy.strategy().algorithm();
+        if self.inner.leases.is_some() && self.refund_to_lease(policy, key, receipt) {
+            return Some(Ok(()));
+        }
         if !algorithm.holds_until_response_ends() || receipt.is_empty() {
             return None;
         }
