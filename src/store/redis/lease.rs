@@ -229,6 +229,9 @@ struct Entry {
     lease: Option<Lease>,
     /// Closed when the lease request in flight has its answer.
     refill: Option<Arc<Semaphore>>,
+    /// Until when (lease clock, µs) no lease is asked for: the last lease
+    /// request got nothing (the caller had no room left).
+    dry_until: u64,
 }
 
 impl Entry {
@@ -283,7 +286,9 @@ impl LeaseTable {
     fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Name, Entry, RandomState>> {
         use std::hash::BuildHasher;
         let at = self.hasher.hash_one(key) as usize % SHARDS;
-        self.shards[at].lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards[at]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn name(policy: &Policy, key: &Key) -> Name {
@@ -292,7 +297,13 @@ impl LeaseTable {
 
     /// Spends from the lease in hand, if it covers `cost`; touches
     /// nothing otherwise. The Redis store's `check_now`.
-    pub(crate) fn spend(&self, policy: &Policy, key: &Key, cost: u64, now: u64) -> Option<Decision> {
+    pub(crate) fn spend(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
         let mut shard = self.shard(key);
         let entry = shard.get_mut(&Self::name(policy, key))?;
         let decision = entry.lease.as_mut()?.spend(now, cost)?;
@@ -303,7 +314,9 @@ impl LeaseTable {
     /// What to do with a decision of `cost` at `now` that the lease in
     /// hand (if any) did not answer at once, and what an ended lease
     /// leaves to give back. `waited`: the caller already waited for a
-    /// lease request, and is counted.
+    /// lease request, and is counted. While a lease request is in flight
+    /// the answer is to wait for it (the caller bounds how long); while
+    /// the last one got nothing, to decide in Redis alone.
     pub(crate) fn ask(
         &self,
         policy: &Policy,
@@ -323,15 +336,18 @@ impl LeaseTable {
                 return (Ask::Spent(decision), None);
             }
             if lease.ended(now) {
-                returning = entry.lease.take().and_then(|l| l.returning(key.clone(), now));
+                returning = entry
+                    .lease
+                    .take()
+                    .and_then(|l| l.returning(key.clone(), now));
             }
         }
         if !waited {
             entry.note(now, cost, self.options.span);
         }
         let ask = match &entry.refill {
-            Some(_) if waited => Ask::Plain,
             Some(refill) => Ask::Wait(refill.clone()),
+            None if now < entry.dry_until => Ask::Plain,
             None if entry.prev + entry.this >= self.options.hot_after => {
                 entry.refill = Some(Arc::new(Semaphore::new(0)));
                 let want = entry.prev.max(entry.this);
@@ -345,12 +361,18 @@ impl LeaseTable {
     }
 
     /// The lease request for `key` has its answer (or was given up):
-    /// wakes whoever waits for it.
-    fn refilled(&self, policy: &Policy, key: &Key) {
+    /// wakes whoever waits for it. `dry_until`: it got nothing, and no
+    /// other is asked for until then.
+    fn refilled(&self, policy: &Policy, key: &Key, dry_until: Option<u64>) {
         let refill = self
             .shard(key)
             .get_mut(&Self::name(policy, key))
-            .and_then(|entry| entry.refill.take());
+            .and_then(|entry| {
+                if let Some(until) = dry_until {
+                    entry.dry_until = until;
+                }
+                entry.refill.take()
+            });
         if let Some(refill) = refill {
             refill.close();
         }
@@ -434,11 +456,13 @@ struct Refill<'a> {
     table: &'a LeaseTable,
     policy: &'a Policy,
     key: &'a Key,
+    /// Until when no other lease is asked for, unless one was granted.
+    dry_until: Option<u64>,
 }
 
 impl Drop for Refill<'_> {
     fn drop(&mut self) {
-        self.table.refilled(self.policy, self.key);
+        self.table.refilled(self.policy, self.key, self.dry_until);
     }
 }
 
@@ -506,6 +530,8 @@ impl RedisStore {
     ) -> Option<Result<Decision, StoreError>> {
         let table = self.leasing(policy, cost)?;
         let mut waited = false;
+        // Waits for lease requests in flight end a span after the first.
+        let mut give_up = None;
         loop {
             let (ask, returning) = table.ask(policy, key, cost, self.lease_now(), waited);
             if let Some(returning) = returning {
@@ -515,13 +541,21 @@ impl RedisStore {
                 Ask::Spent(decision) => return Some(Ok(decision)),
                 Ask::Plain => return None,
                 Ask::Take { want } => {
-                    return Some(self.take_lease(table, policy, key, cost, want, deadline).await)
+                    return Some(
+                        self.take_lease(table, policy, key, cost, want, deadline)
+                            .await,
+                    )
                 }
                 Ask::Wait(refill) => {
-                    // Closed when the lease request ends; never waits
-                    // longer than a span.
+                    // Closed when the lease request ends.
                     let span = Duration::from_micros(table.options.span);
-                    let _ = tokio::time::timeout(span, refill.acquire()).await;
+                    let until = *give_up.get_or_insert_with(|| tokio::time::Instant::now() + span);
+                    if tokio::time::timeout_at(until, refill.acquire())
+                        .await
+                        .is_err()
+                    {
+                        return None;
+                    }
                     waited = true;
                 }
             }
@@ -539,8 +573,13 @@ impl RedisStore {
         want: u64,
         deadline: Option<Instant>,
     ) -> Result<Decision, StoreError> {
-        let _refill = Refill { table, policy, key };
         let asked_at = self.lease_now();
+        let mut refill = Refill {
+            table,
+            policy,
+            key,
+            dry_until: Some(asked_at.saturating_add(table.options.span)),
+        };
         let (script, mut args) = lease::call(policy, self.now_int(), cost, want);
         batch::with_until(&mut args, self.until(deadline));
         let keys = self.inner.keys.quota_keys(policy, key);
@@ -551,7 +590,11 @@ impl RedisStore {
             .await
             .map_err(|err| script.error(err))?;
         let ints = reply::integers(value)?;
-        let now_at = if ints.first() == Some(&reply::LATE) { 1 } else { 5 };
+        let now_at = if ints.first() == Some(&reply::LATE) {
+            1
+        } else {
+            5
+        };
         if let Some(&now) = ints.get(now_at) {
             self.inner.offset.observe(now);
         }
@@ -584,6 +627,7 @@ impl RedisStore {
                 store_now: decision.now_micros,
                 last_used: asked_at,
             };
+            refill.dry_until = None;
             if let Some(returning) = table.install(key, lease, asked_at) {
                 self.return_in_background(returning);
             }
@@ -615,7 +659,10 @@ impl RedisStore {
             return Ok(0);
         }
         let (policy, key) = (&returning.lease.policy, &returning.key);
-        match self.refund_in_redis(policy, key, &returning.receipt(units)).await {
+        match self
+            .refund_in_redis(policy, key, &returning.receipt(units))
+            .await
+        {
             Ok(()) => {
                 crate::metrics::lease_returned(policy, units);
                 Ok(units)

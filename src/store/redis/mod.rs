@@ -18,9 +18,9 @@ mod shards;
 pub use self::builder::RedisStoreBuilder;
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterConfig;
+pub use self::lease::Leases;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelConfig;
-pub use self::lease::Leases;
 pub use self::shards::{Shard, ShardedConfig};
 
 use std::sync::atomic::{AtomicI64, Ordering};
