@@ -502,6 +502,9 @@ mod tests {
             local_cache_hit(&policy);
             local_cache_hit(&policy);
             active_callers(&policy, 42.0);
+            lease_taken(&policy, 40);
+            lease_taken(&policy, 20);
+            lease_returned(&policy, 7);
         });
         // One snapshot: taking one drains the recorder.
         let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
@@ -527,6 +530,17 @@ mod tests {
                     core.clone(),
                     DebugValue::Gauge(42.0.into())
                 ),
+                (
+                    LEASE_UNITS_RETURNED.to_owned(),
+                    core.clone(),
+                    DebugValue::Counter(7)
+                ),
+                (
+                    LEASED_UNITS.to_owned(),
+                    core.clone(),
+                    DebugValue::Counter(60)
+                ),
+                (LEASES.to_owned(), core.clone(), DebugValue::Counter(2)),
                 (LOCAL_CACHE_HITS.to_owned(), core, DebugValue::Counter(2)),
             ]
         );

@@ -15,11 +15,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
 use axum::Router;
-use axum::http::Request;
 use tollgate::headers::{GithubHeader, RateLimitHeaders};
 use tollgate::store::Leases;
 use tollgate::{HeaderKey, PeerIp, Policy, Quota, RateLimitLayer, RedisStore, Store};

@@ -529,6 +529,10 @@ impl RedisStore {
         deadline: Option<Instant>,
     ) -> Option<Result<Decision, StoreError>> {
         let table = self.leasing(policy, cost)?;
+        // The sweeper also forgets callers long unseen, leased or not.
+        if table.start_sweeping() {
+            self.sweep_in_background();
+        }
         let mut waited = false;
         // Waits for lease requests in flight end a span after the first.
         let mut give_up = None;
@@ -634,9 +638,6 @@ impl RedisStore {
             crate::metrics::lease_taken(policy, leased);
             decision.remaining = (decision.remaining + leased).min(decision.limit);
             decision.used = decision.limit - decision.remaining;
-            if table.start_sweeping() {
-                self.sweep_in_background();
-            }
         }
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))
@@ -721,5 +722,135 @@ impl RedisStore {
     /// ```
     pub async fn return_leases(&self) -> u64 {
         self.end_leases(true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    const SECOND: u64 = 1_000_000;
+
+    fn policy() -> Policy {
+        Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(100).unwrap()))
+    }
+
+    /// A window lease of `units`, asked for at `at`, its window ending at
+    /// `window_end` (lease clock and store clock alike).
+    fn lease(units: u64, at: u64, window_end: u64, lifetime: u64) -> Lease {
+        Lease {
+            policy: policy(),
+            spending: Spending::Window,
+            units,
+            asked_at: at,
+            ends_at: window_end.min(at + lifetime),
+            window_ends_at: window_end,
+            stamp: window_end,
+            limit: 100,
+            left_in_redis: 50,
+            reset_at: window_end,
+            store_now: at,
+            last_used: at,
+        }
+    }
+
+    fn table() -> LeaseTable {
+        LeaseTable::new(
+            Leases::new()
+                .hot_after(NonZeroU32::new(3).unwrap())
+                .span(Duration::from_secs(1))
+                .quiet_after(Duration::from_secs(2)),
+        )
+    }
+
+    fn hold(table: &LeaseTable, key: &Key, lease: Lease) {
+        let now = lease.asked_at;
+        assert!(table.install(key, lease, now).is_none());
+    }
+
+    #[test]
+    fn remaining_is_what_redis_had_left_plus_the_unspent_lease() {
+        let mut lease = lease(10, 0, 60 * SECOND, 60 * SECOND);
+        let d = lease.spend(SECOND, 3).unwrap();
+        assert_eq!((d.remaining, d.used, d.limit), (57, 43, 100));
+        assert_eq!(d.now_micros, SECOND);
+        assert_eq!(d.receipt.stamps(), [60 * SECOND]);
+        assert!(lease.spend(SECOND, 8).is_none(), "7 left");
+        assert!(lease.spend(60 * SECOND, 1).is_none(), "the window ended");
+    }
+
+    #[test]
+    fn a_caller_is_hot_after_enough_decisions_within_a_span_or_two() {
+        let (table, policy, bob) = (table(), policy(), Key::new("bob"));
+        for at in [0, 1] {
+            assert!(matches!(
+                table.ask(&policy, &bob, 1, at, false).0,
+                Ask::Plain
+            ));
+        }
+        // A span later the count before still counts; two spans later not.
+        match table.ask(&policy, &bob, 1, SECOND + 1, false).0 {
+            Ask::Take { want } => assert_eq!(want, 2, "as many as the busier span"),
+            _ => panic!("hot after three"),
+        }
+        // While that lease request is in flight, others wait for it.
+        assert!(matches!(
+            table.ask(&policy, &bob, 1, SECOND + 2, false).0,
+            Ask::Wait(_)
+        ));
+        table.refilled(&policy, &bob, Some(SECOND + 10));
+        assert!(
+            matches!(table.ask(&policy, &bob, 1, SECOND + 3, false).0, Ask::Plain),
+            "dry"
+        );
+        assert!(
+            matches!(table.ask(&policy, &bob, 1, 5 * SECOND, false).0, Ask::Plain),
+            "cold"
+        );
+    }
+
+    #[test]
+    fn a_lease_ended_by_its_lifetime_is_given_back_and_one_ended_by_its_window_is_not() {
+        let (table, policy, bob) = (table(), policy(), Key::new("bob"));
+        hold(&table, &bob, lease(10, 0, 60 * SECOND, 5 * SECOND));
+        let (_, returning) = table.ask(&policy, &bob, 1, 5 * SECOND, false);
+        assert_eq!(returning.unwrap().units_at(5 * SECOND), 10);
+
+        hold(&table, &bob, lease(10, 0, 60 * SECOND, 600 * SECOND));
+        let (_, returning) = table.ask(&policy, &bob, 1, 60 * SECOND, false);
+        assert!(returning.is_none(), "the units went with the window");
+    }
+
+    #[test]
+    fn the_sweep_ends_quiet_leases_and_forgets_callers_long_unseen() {
+        let (table, policy) = (table(), policy());
+        let (quiet, busy) = (Key::new("quiet"), Key::new("busy"));
+        hold(&table, &quiet, lease(10, 0, 60 * SECOND, 60 * SECOND));
+        hold(&table, &busy, lease(10, 0, 60 * SECOND, 60 * SECOND));
+        table.spend(&policy, &busy, 1, SECOND).unwrap();
+        let returning = table.sweep(2 * SECOND, false);
+        assert_eq!(returning.len(), 1, "only the quiet lease");
+        assert_eq!(returning[0].key, quiet);
+        assert_eq!(table.unspent(&policy, &busy, 2 * SECOND), 9);
+        // Everything, for a shutdown.
+        let returning = table.sweep(2 * SECOND, true);
+        assert_eq!(returning[0].units_at(2 * SECOND), 9);
+        // Unseen for longer than the quiet time and two spans: forgotten.
+        assert!(table.sweep(10 * SECOND, false).is_empty());
+        assert!(table.shards.iter().all(|s| s.lock().unwrap().is_empty()));
+    }
+
+    #[test]
+    fn a_refund_returns_to_the_lease_that_charged_it_only() {
+        let (table, policy, bob) = (table(), policy(), Key::new("bob"));
+        hold(&table, &bob, lease(10, 0, 60 * SECOND, 60 * SECOND));
+        let spent = table.spend(&policy, &bob, 2, SECOND).unwrap();
+        assert!(table.refund(&policy, &bob, &spent.receipt, SECOND));
+        assert_eq!(table.unspent(&policy, &bob, SECOND), 10);
+        let other_window = Receipt::of(1, [120 * SECOND]);
+        assert!(!table.refund(&policy, &bob, &other_window, SECOND));
+        table.forget(&policy, &bob);
+        assert!(!table.refund(&policy, &bob, &spent.receipt, SECOND));
     }
 }
