@@ -19,13 +19,14 @@
 //!
 //! [`Store::check_now`]: crate::Store::check_now
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use foldhash::fast::RandomState;
+use hashbrown::{Equivalent, HashMap};
 use tokio::sync::Semaphore;
 
 use super::{batch, local_micros, reply, Inner, RedisStore};
@@ -260,7 +261,25 @@ pub(crate) enum Ask {
     Plain,
 }
 
+/// A policy's name and a caller: whose lease.
 type Name = (Arc<str>, Key);
+
+/// A [`Name`] borrowed, to look one up without cloning either part.
+struct NameRef<'a>(&'a str, &'a Key);
+
+impl Hash for NameRef<'_> {
+    /// As the tuple hashes: each part in turn, the name as a `str`.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+        self.1.hash(state);
+    }
+}
+
+impl Equivalent<Name> for NameRef<'_> {
+    fn equivalent(&self, (name, key): &Name) -> bool {
+        self.0 == &**name && self.1 == key
+    }
+}
 
 const SHARDS: usize = 16;
 
@@ -284,7 +303,6 @@ impl LeaseTable {
     }
 
     fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Name, Entry, RandomState>> {
-        use std::hash::BuildHasher;
         let at = self.hasher.hash_one(key) as usize % SHARDS;
         self.shards[at]
             .lock()
@@ -293,6 +311,10 @@ impl LeaseTable {
 
     fn name(policy: &Policy, key: &Key) -> Name {
         (policy.shared_name().clone(), key.clone())
+    }
+
+    fn name_ref<'a>(policy: &'a Policy, key: &'a Key) -> NameRef<'a> {
+        NameRef(policy.name(), key)
     }
 
     /// Spends from the lease in hand, if it covers `cost`; touches
@@ -305,7 +327,7 @@ impl LeaseTable {
         now: u64,
     ) -> Option<Decision> {
         let mut shard = self.shard(key);
-        let entry = shard.get_mut(&Self::name(policy, key))?;
+        let entry = shard.get_mut(&Self::name_ref(policy, key))?;
         let decision = entry.lease.as_mut()?.spend(now, cost)?;
         entry.note(now, cost, self.options.span);
         Some(decision)
@@ -326,7 +348,10 @@ impl LeaseTable {
         waited: bool,
     ) -> (Ask, Option<Returning>) {
         let mut shard = self.shard(key);
-        let entry = shard.entry(Self::name(policy, key)).or_default();
+        let entry = match shard.get_mut(&Self::name_ref(policy, key)) {
+            Some(entry) => entry,
+            None => shard.entry(Self::name(policy, key)).or_default(),
+        };
         let mut returning = None;
         if let Some(lease) = entry.lease.as_mut() {
             if let Some(decision) = lease.spend(now, cost) {
@@ -366,7 +391,7 @@ impl LeaseTable {
     fn refilled(&self, policy: &Policy, key: &Key, dry_until: Option<u64>) {
         let refill = self
             .shard(key)
-            .get_mut(&Self::name(policy, key))
+            .get_mut(&Self::name_ref(policy, key))
             .and_then(|entry| {
                 if let Some(until) = dry_until {
                     entry.dry_until = until;
@@ -392,7 +417,7 @@ impl LeaseTable {
     pub(crate) fn refund(&self, policy: &Policy, key: &Key, receipt: &Receipt, now: u64) -> bool {
         let mut shard = self.shard(key);
         let Some(lease) = shard
-            .get_mut(&Self::name(policy, key))
+            .get_mut(&Self::name_ref(policy, key))
             .and_then(|e| e.lease.as_mut())
         else {
             return false;
@@ -406,14 +431,14 @@ impl LeaseTable {
 
     /// Drops `key`'s lease without giving it back (a reset clears Redis).
     pub(crate) fn forget(&self, policy: &Policy, key: &Key) {
-        self.shard(key).remove(&Self::name(policy, key));
+        self.shard(key).remove(&Self::name_ref(policy, key));
     }
 
     /// Units of `key`'s lease still unspent at `now`.
     pub(crate) fn unspent(&self, policy: &Policy, key: &Key, now: u64) -> u64 {
         let shard = self.shard(key);
         shard
-            .get(&Self::name(policy, key))
+            .get(&Self::name_ref(policy, key))
             .and_then(|e| e.lease.as_ref())
             .filter(|l| !l.ended(now))
             .map_or(0, |l| l.available(now))
