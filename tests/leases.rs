@@ -279,6 +279,37 @@ async fn a_server_killed_holding_a_lease_loses_at_most_that_lease_until_its_wind
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_admission_is_at_most_what_other_servers_hold_unspent() {
+    let (prefix, clock) = (unique_prefix("lease-under"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(50));
+    let url = shared_url();
+    let reader = store(&url, &prefix, &clock, None).await;
+    let bob = Key::new("bob");
+    let (a, b) = (
+        store(&url, &prefix, &clock, Some(leases())).await,
+        store(&url, &prefix, &clock, Some(leases())).await,
+    );
+    let mut by_a = 0;
+    for _ in 0..4 {
+        by_a += u64::from(a.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    let held_by_a = used_in_redis(&reader, &policy, &bob).await - by_a;
+    assert!(held_by_a > 0);
+
+    // B is refused once Redis is spent, while A still holds its lease.
+    let mut by_b = 0;
+    for _ in 0..100 {
+        by_b += u64::from(b.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    assert_eq!(by_a + by_b, 50 - held_by_a, "under-admitted by A's lease");
+    // A spends it: nothing was lost.
+    for _ in 0..100 {
+        by_a += u64::from(a.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    assert_eq!(by_a + by_b, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_in_hand_keeps_deciding_while_redis_is_paused_then_the_failure_policy_applies() {
     let server = RedisServer::start();
     let (prefix, clock) = (unique_prefix("lease-pause"), ManualClock::new(T0));

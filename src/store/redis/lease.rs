@@ -661,6 +661,11 @@ impl RedisStore {
                 self.return_in_background(returning);
             }
             crate::metrics::lease_taken(policy, leased);
+            tracing::debug!(
+                policy = policy.name(),
+                units = leased,
+                "rate limit lease taken for a hot caller"
+            );
             decision.remaining = (decision.remaining + leased).min(decision.limit);
             decision.used = decision.limit - decision.remaining;
         }
