@@ -135,6 +135,8 @@ struct Lease {
     /// Units not yet spent (a GCRA lease loses more to decay, see
     /// [`Spending::decayed`]).
     units: u64,
+    /// Units spent from it and not refunded: what a refund may put back.
+    spent: u64,
     /// When the lease was asked for (this server's lease clock, µs).
     asked_at: u64,
     /// When it ends, at the latest (lease clock, µs).
@@ -173,6 +175,7 @@ impl Lease {
             return None;
         }
         self.units -= cost;
+        self.spent += cost;
         self.last_used = now;
         let remaining = (self.left_in_redis + (available - cost)).min(self.limit);
         let store_now = self.store_now + now.saturating_sub(self.asked_at);
@@ -411,9 +414,10 @@ impl LeaseTable {
         old.and_then(|old| old.returning(key.clone(), now))
     }
 
-    /// Gives `receipt` back to the lease in hand, if it charged it and has
-    /// not ended: the unit was charged in Redis with the lease and is
-    /// unspent again. `false`: it is Redis's to refund.
+    /// Gives `receipt` back to the lease in hand, if it was spent from it
+    /// (its window, and no more than was spent) and the lease has not
+    /// ended: the unit was charged in Redis with the lease and is unspent
+    /// again. `false`: it is Redis's to refund.
     pub(crate) fn refund(&self, policy: &Policy, key: &Key, receipt: &Receipt, now: u64) -> bool {
         let mut shard = self.shard(key);
         let Some(lease) = shard
@@ -422,10 +426,12 @@ impl LeaseTable {
         else {
             return false;
         };
-        if lease.ended(now) || receipt.stamps() != [lease.stamp] {
+        let cost = receipt.cost();
+        if lease.ended(now) || receipt.stamps() != [lease.stamp] || lease.spent < cost {
             return false;
         }
-        lease.units += receipt.cost();
+        lease.spent -= cost;
+        lease.units += cost;
         true
     }
 
@@ -646,6 +652,7 @@ impl RedisStore {
                 policy: policy.clone(),
                 spending,
                 units: leased,
+                spent: 0,
                 asked_at,
                 ends_at: lifetime.min(spent_by),
                 window_ends_at,
@@ -773,6 +780,7 @@ mod tests {
             policy: policy(),
             spending: Spending::Window,
             units,
+            spent: 0,
             asked_at: at,
             ends_at: window_end.min(at + lifetime),
             window_ends_at: window_end,
@@ -880,6 +888,9 @@ mod tests {
         assert_eq!(table.unspent(&policy, &bob, SECOND), 10);
         let other_window = Receipt::of(1, [120 * SECOND]);
         assert!(!table.refund(&policy, &bob, &other_window, SECOND));
+        // Only what was spent from it: a second refund of the same receipt
+        // (or a plain decision's) is Redis's.
+        assert!(!table.refund(&policy, &bob, &spent.receipt, SECOND));
         table.forget(&policy, &bob);
         assert!(!table.refund(&policy, &bob, &spent.receipt, SECOND));
     }
