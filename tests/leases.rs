@@ -74,6 +74,7 @@ fn app(store: RedisStore, policy: &Policy, failure: FailurePolicy, deadline: Dur
         .unwrap();
     Router::new()
         .route("/", get(|| async { "hi" }))
+        .route("/unchanged", get(|| async { StatusCode::NOT_MODIFIED }))
         .route_layer(layer)
 }
 
@@ -235,6 +236,41 @@ async fn a_refund_goes_back_into_the_lease_and_a_reset_drops_it() {
     server.reset(&policy, &bob).await.unwrap();
     assert!(server.check_now(&policy, &bob, 1).is_none());
     assert_eq!(used_in_redis(&reader, &policy, &bob).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_304_through_the_layer_is_refunded_into_the_lease_and_costs_nothing() {
+    let (prefix, clock) = (unique_prefix("lease-304"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(100));
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let app = app(
+        server.clone(),
+        &policy,
+        FailurePolicy::Open,
+        Duration::from_secs(10),
+    );
+    for _ in 0..4 {
+        assert_eq!(hit(&app, "bob").await, StatusCode::OK);
+    }
+    let bob = caller("bob");
+    assert_eq!(
+        used_in_redis(&reader, &policy, &bob).await,
+        8,
+        "4 and a lease of 4"
+    );
+    let req = Request::get("/unchanged")
+        .header("x-api-key", "bob")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_MODIFIED);
+    // Spent from the lease and given back to it: Remaining as before.
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "96");
+    assert_eq!(server.peek(&policy, &bob).await.unwrap().remaining, 96);
+    assert_eq!(server.return_leases().await, 4);
+    assert_eq!(used_in_redis(&reader, &policy, &bob).await, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
