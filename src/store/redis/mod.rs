@@ -54,6 +54,12 @@ use crate::policy::Policy;
 /// use that with a [`ManualClock`](crate::clock::ManualClock). A window's end is
 /// written once, by the request that opens it, and read back by everyone.
 ///
+/// **Leases** (off by default; [`RedisStoreBuilder::leases`]): a caller this
+/// server decides often is decided in memory from a slice of its budget that
+/// one script call charged in Redis first; what is unspent goes back when
+/// the slice ends. No number of servers admits more than the limit; see
+/// [`Leases`] and `docs/leases.md`.
+///
 /// Runs on Redis 6.2 and later, and on Valkey. Before Redis 7.0 (no script
 /// flags, no `EVALSHA_RO`) peeks and pre-checks run on the primary with
 /// `EVALSHA`; every `connect` reads the server's version and refuses one
