@@ -20,6 +20,8 @@
 //! | [`tollgate_leases_total`](LEASES) | counter | `policy` | leases a Redis store with [leases](crate::store::Leases) took for hot callers |
 //! | [`tollgate_leased_units_total`](LEASED_UNITS) | counter | `policy` | units those leases charged in Redis beyond the requests that asked |
 //! | [`tollgate_lease_units_returned_total`](LEASE_UNITS_RETURNED) | counter | `policy` | unspent lease units given back to Redis when their lease ended |
+//! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
+//! | [`tollgate_blocks_total`](BLOCKS) | counter | `policy`, `by` | blocks a [penalty box](crate::PenaltyBox) started, `by` the caller's `strikes` or an `operator` |
 //!
 //! Store failures are logged by state, not by call: a warning when the
 //! store starts failing, an info line when it answers again; the counters
@@ -54,6 +56,22 @@ use crate::policy::Policy;
 /// ```
 #[cfg(feature = "metrics")]
 pub const DECISIONS: &str = "tollgate_decisions_total";
+
+/// Counter name: overrides set or cleared, by `policy` and `change`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::OVERRIDES, "tollgate_overrides_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const OVERRIDES: &str = "tollgate_overrides_total";
+
+/// Counter name: penalty-box blocks started, by `policy` and `by`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::BLOCKS, "tollgate_blocks_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const BLOCKS: &str = "tollgate_blocks_total";
 
 /// Counter name: failed store calls by `policy` and `kind`.
 ///
@@ -237,6 +255,16 @@ pub fn describe() {
         LEASE_UNITS_RETURNED,
         Unit::Count,
         "Unspent lease units given back to Redis"
+    );
+    describe_counter!(
+        OVERRIDES,
+        Unit::Count,
+        "Per-caller quota overrides set or cleared by an operator"
+    );
+    describe_counter!(
+        BLOCKS,
+        Unit::Count,
+        "Penalty-box blocks started, by the caller's strikes or an operator"
     );
     describe_gauge!(
         ACTIVE_CALLERS,
@@ -485,6 +513,26 @@ pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
     let _ = (policy, estimate);
 }
 
+/// Counts an operator's change to an override: `set` or `cleared`.
+#[inline]
+pub(crate) fn override_changed(policy: &Policy, change: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(OVERRIDES, "policy" => policy.shared_name().clone(), "change" => change)
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, change);
+}
+
+/// Counts a penalty-box block started, `by` the caller's `strikes` or an
+/// `operator`.
+#[inline]
+pub(crate) fn block_started(policy: &Policy, by: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(BLOCKS, "policy" => policy.shared_name().clone(), "by" => by).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, by);
+}
+
 #[cfg(all(test, feature = "metrics"))]
 mod tests {
     use std::num::NonZeroU32;
@@ -542,6 +590,60 @@ mod tests {
                 ),
                 (LEASES.to_owned(), core.clone(), DebugValue::Counter(2)),
                 (LOCAL_CACHE_HITS.to_owned(), core, DebugValue::Counter(2)),
+            ]
+        );
+    }
+
+    #[test]
+    fn overrides_and_blocks_are_counted_by_policy_and_cause() {
+        use crate::key::Key;
+        use crate::penalty::PenaltyBox;
+        use crate::store::{MemoryStore, Store};
+        use std::time::Duration;
+
+        let one = NonZeroU32::new(1).unwrap();
+        let penalty =
+            PenaltyBox::new(one, Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+        let policy =
+            Policy::fixed_window("login", Quota::per_minute(one)).with_penalty_box(penalty);
+        let store = MemoryStore::new();
+        let eve = Key::new("eve");
+        let recorder = DebuggingRecorder::new();
+        ::metrics::with_local_recorder(&recorder, || {
+            override_changed(&policy, "set");
+            for _ in 0..3 {
+                // A pass, the rejection that starts the block, a refusal.
+                store.check_now(&policy, &eve, 1).unwrap().unwrap();
+            }
+        });
+        let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()));
+                (key.key().name().to_owned(), labels.collect(), value)
+            })
+            .collect();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let labels = |more: &str| vec!["policy=login".to_owned(), more.to_owned()];
+        assert_eq!(
+            seen,
+            vec![
+                (
+                    BLOCKS.to_owned(),
+                    labels("by=strikes"),
+                    DebugValue::Counter(1)
+                ),
+                (
+                    OVERRIDES.to_owned(),
+                    labels("change=set"),
+                    DebugValue::Counter(1)
+                ),
             ]
         );
     }

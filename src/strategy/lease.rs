@@ -87,8 +87,13 @@ pub(crate) fn scripts() -> [&'static LuaScript; 3] {
     ]
 }
 
-/// How `policy`'s leases are spent, if it can lease at all.
+/// How `policy`'s leases are spent, if it can lease at all. A policy with
+/// a caller's own rules (an override, a penalty box) does not: its
+/// decisions run inside `lua/caller.lua`, which the lease scripts do not.
 pub(crate) fn spending(policy: &Policy) -> Option<Spending> {
+    if policy.has_caller_rules() {
+        return None;
+    }
     match (policy.strategy(), policy.quotas()) {
         (Strategy::FixedWindow | Strategy::AlignedWindow, [_]) => Some(Spending::Window),
         (Strategy::Gcra { .. }, [quota]) => Some(Spending::Decaying {
