@@ -18,7 +18,8 @@ use support::redis::{command_calls, shared_url, unique_prefix, RedisServer};
 use tollgate::clock::ManualClock;
 use tollgate::store::Leases;
 use tollgate::{
-    FailurePolicy, HeaderKey, Key, KeyExtractor, Policy, Quota, RateLimitLayer, RedisStore, Store,
+    FailurePolicy, HeaderKey, Key, KeyExtractor, Override, PenaltyBox, Policy, Quota,
+    RateLimitLayer, RedisStore, Store,
 };
 use tower::ServiceExt;
 
@@ -343,6 +344,76 @@ async fn under_admission_is_at_most_what_other_servers_hold_unspent() {
         by_a += u64::from(a.check(&policy, &bob, 1).await.unwrap().allowed);
     }
     assert_eq!(by_a + by_b, 50);
+}
+
+/// One decision from `server`: from its lease in hand, else from Redis.
+async fn decide(server: &RedisStore, policy: &Policy, key: &Key) -> tollgate::Decision {
+    match server.check_now(policy, key, 1) {
+        Some(decision) => decision.unwrap(),
+        None => server.check(policy, key, 1).await.unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_granted_against_the_callers_override() {
+    let (prefix, clock) = (unique_prefix("lease-override"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(100)).overridable();
+    let url = shared_url();
+    let servers = [
+        store(&url, &prefix, &clock, Some(leases())).await,
+        store(&url, &prefix, &clock, Some(leases())).await,
+    ];
+    let bob = Key::new("bob");
+    servers[0]
+        .set_override(&policy, &bob, &Override::new(per_minute(20)))
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    for i in 0..80 {
+        let d = decide(&servers[i % 2], &policy, &bob).await;
+        assert_eq!(d.limit, 20, "the override's limit, leased or not");
+        admitted += u64::from(d.allowed);
+    }
+    assert_eq!(admitted, 20);
+
+    // Clearing it through a server ends that server's lease first; the
+    // next window is judged by the policy's own limit.
+    servers[0].clear_override(&policy, &bob).await.unwrap();
+    clock.advance(Duration::from_secs(60));
+    let mut admitted = 0;
+    for i in 0..150 {
+        admitted += u64::from(decide(&servers[i % 2], &policy, &bob).await.allowed);
+    }
+    assert_eq!(admitted, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_through_a_server_gives_its_lease_back_and_refuses_the_caller() {
+    let (prefix, clock) = (unique_prefix("lease-block"), ManualClock::new(T0));
+    let minute = Duration::from_secs(60);
+    let penalty = PenaltyBox::new(NonZeroU32::new(3).unwrap(), minute, minute).unwrap();
+    let policy = Policy::fixed_window("core", per_minute(100)).with_penalty_box(penalty);
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let bob = Key::new("bob");
+    for _ in 0..4 {
+        assert!(decide(&server, &policy, &bob).await.allowed);
+    }
+    assert_eq!(
+        used_in_redis(&reader, &policy, &bob).await,
+        8,
+        "4 and a lease of 4"
+    );
+    server.block(&policy, &bob, minute).await.unwrap();
+    assert_eq!(
+        used_in_redis(&reader, &policy, &bob).await,
+        4,
+        "the lease went back"
+    );
+    let refused = decide(&server, &policy, &bob).await;
+    assert!(!refused.allowed && refused.blocked);
+    assert_eq!(refused.reset_at_micros, T0 + 60_000_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,12 @@
 //!   by that response; there is no rate to slice.
 //!
 //! Policies with several quotas do not lease (their decisions go to Redis
-//! as without leases).
+//! as without leases). A policy with a caller's own rules (an override, a
+//! penalty box) leases through the same scripts wrapped by
+//! `lua/caller.lua`: a lease script takes the strategy's own arguments
+//! with the units wanted after them, so the wrapper's override replaces
+//! the quota arguments as it does for the decision, and the lease is
+//! granted against the limit the decision is judged by.
 
 use std::sync::LazyLock;
 
@@ -59,41 +64,69 @@ impl Spending {
     }
 }
 
+/// One strategy's lease script, alone and wrapped by a caller's rules.
+struct Pair {
+    alone: LuaScript,
+    with_caller: LuaScript,
+}
+
+impl Pair {
+    fn new(name: &'static str, caller: &'static str, source: &str) -> Self {
+        Self {
+            alone: LuaScript::decision(name, source),
+            with_caller: LuaScript::decision_with_caller(caller, source),
+        }
+    }
+
+    fn for_policy(&self, policy: &Policy) -> &LuaScript {
+        if policy.has_caller_rules() {
+            &self.with_caller
+        } else {
+            &self.alone
+        }
+    }
+}
+
 /// The lease scripts, built once.
 struct Scripts {
-    fixed_window: LuaScript,
-    aligned_window: LuaScript,
-    gcra: LuaScript,
+    fixed_window: Pair,
+    aligned_window: Pair,
+    gcra: Pair,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    fixed_window: LuaScript::decision(
+    fixed_window: Pair::new(
         "fixed_window_lease",
+        "fixed_window_lease_caller",
         include_str!("../../lua/fixed_window_lease.lua"),
     ),
-    aligned_window: LuaScript::decision(
+    aligned_window: Pair::new(
         "aligned_window_lease",
+        "aligned_window_lease_caller",
         include_str!("../../lua/aligned_window_lease.lua"),
     ),
-    gcra: LuaScript::decision("gcra_lease", include_str!("../../lua/gcra_lease.lua")),
+    gcra: Pair::new(
+        "gcra_lease",
+        "gcra_lease_caller",
+        include_str!("../../lua/gcra_lease.lua"),
+    ),
 });
 
 /// Every lease script, in a fixed order (for the listing of every script).
-pub(crate) fn scripts() -> [&'static LuaScript; 3] {
+pub(crate) fn scripts() -> [&'static LuaScript; 6] {
+    let s = &*SCRIPTS;
     [
-        &SCRIPTS.fixed_window,
-        &SCRIPTS.aligned_window,
-        &SCRIPTS.gcra,
+        &s.fixed_window.alone,
+        &s.aligned_window.alone,
+        &s.gcra.alone,
+        &s.fixed_window.with_caller,
+        &s.aligned_window.with_caller,
+        &s.gcra.with_caller,
     ]
 }
 
-/// How `policy`'s leases are spent, if it can lease at all. A policy with
-/// a caller's own rules (an override, a penalty box) does not: its
-/// decisions run inside `lua/caller.lua`, which the lease scripts do not.
+/// How `policy`'s leases are spent, if it can lease at all.
 pub(crate) fn spending(policy: &Policy) -> Option<Spending> {
-    if policy.has_caller_rules() {
-        return None;
-    }
     match (policy.strategy(), policy.quotas()) {
         (Strategy::FixedWindow | Strategy::AlignedWindow, [_]) => Some(Spending::Window),
         (Strategy::Gcra { .. }, [quota]) => Some(Spending::Decaying {
@@ -105,12 +138,14 @@ pub(crate) fn spending(policy: &Policy) -> Option<Spending> {
 
 /// The lease script for `policy` (which [`spending`] accepted) and its
 /// arguments: `now` (µs, or -1 for Redis `TIME`), `cost`, the quota, then
-/// the units wanted beyond `cost`.
+/// the units wanted beyond `cost`. For a policy with a caller's own rules
+/// the script is wrapped by `lua/caller.lua`, whose keys and arguments the
+/// store adds after these.
 pub(crate) fn call(policy: &Policy, now: i64, cost: u64, want: u64) -> (&'static LuaScript, Args) {
     let quota = &policy.quotas()[0];
     match policy.strategy() {
         Strategy::Gcra { burst } => (
-            &SCRIPTS.gcra,
+            SCRIPTS.gcra.for_policy(policy),
             Args::from_slice(&[
                 now,
                 int(cost),
@@ -121,8 +156,8 @@ pub(crate) fn call(policy: &Policy, now: i64, cost: u64, want: u64) -> (&'static
         ),
         strategy => {
             let script = match strategy {
-                Strategy::AlignedWindow => &SCRIPTS.aligned_window,
-                _ => &SCRIPTS.fixed_window,
+                Strategy::AlignedWindow => SCRIPTS.aligned_window.for_policy(policy),
+                _ => SCRIPTS.fixed_window.for_policy(policy),
             };
             let args = Args::from_slice(&[
                 now,

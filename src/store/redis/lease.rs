@@ -156,6 +156,12 @@ struct Lease {
 }
 
 impl Lease {
+    /// Whether a request judged by `policy` may spend this lease: it was
+    /// granted under the same quotas.
+    fn judges_as(&self, policy: &Policy) -> bool {
+        self.policy.quotas() == policy.quotas()
+    }
+
     /// Units still spendable at `now`.
     fn available(&self, now: u64) -> u64 {
         let decayed = self.spending.decayed(now.saturating_sub(self.asked_at));
@@ -320,8 +326,9 @@ impl LeaseTable {
         NameRef(policy.name(), key)
     }
 
-    /// Spends from the lease in hand, if it covers `cost`; touches
-    /// nothing otherwise. The Redis store's `check_now`.
+    /// Spends from the lease in hand, if it covers `cost` and was taken
+    /// under the quotas the request is judged by; touches nothing
+    /// otherwise. The Redis store's `check_now`.
     pub(crate) fn spend(
         &self,
         policy: &Policy,
@@ -331,7 +338,11 @@ impl LeaseTable {
     ) -> Option<Decision> {
         let mut shard = self.shard(key);
         let entry = shard.get_mut(&Self::name_ref(policy, key))?;
-        let decision = entry.lease.as_mut()?.spend(now, cost)?;
+        let decision = entry
+            .lease
+            .as_mut()
+            .filter(|l| l.judges_as(policy))?
+            .spend(now, cost)?;
         entry.note(now, cost, self.options.span);
         Some(decision)
     }
@@ -357,13 +368,16 @@ impl LeaseTable {
         };
         let mut returning = None;
         if let Some(lease) = entry.lease.as_mut() {
-            if let Some(decision) = lease.spend(now, cost) {
+            // A request judged by other quotas (a limit it brought) cannot
+            // spend a lease granted under these: that lease ends.
+            let usable = lease.judges_as(policy);
+            if let Some(decision) = lease.spend(now, cost).filter(|_| usable) {
                 if !waited {
                     entry.note(now, cost, self.options.span);
                 }
                 return (Ask::Spent(decision), None);
             }
-            if lease.ended(now) {
+            if !usable || lease.ended(now) {
                 returning = entry
                     .lease
                     .take()
@@ -438,6 +452,13 @@ impl LeaseTable {
     /// Drops `key`'s lease without giving it back (a reset clears Redis).
     pub(crate) fn forget(&self, policy: &Policy, key: &Key) {
         self.shard(key).remove(&Self::name_ref(policy, key));
+    }
+
+    /// Ends `key`'s lease now: what it leaves to give back.
+    fn end(&self, policy: &Policy, key: &Key, now: u64) -> Option<Returning> {
+        let mut shard = self.shard(key);
+        let entry = shard.get_mut(&Self::name_ref(policy, key))?;
+        entry.lease.take()?.returning(key.clone(), now)
     }
 
     /// Units of `key`'s lease still unspent at `now`.
@@ -534,6 +555,18 @@ impl RedisStore {
         }
     }
 
+    /// Ends `key`'s lease on this server and gives back what it leaves
+    /// (before an operator changes the caller's rules: the next lease is
+    /// granted under the new ones).
+    pub(super) async fn end_lease(&self, policy: &Policy, key: &Key) {
+        let Some(table) = &self.inner.leases else {
+            return;
+        };
+        if let Some(returning) = table.end(policy, key, self.lease_now()) {
+            let _ = self.return_lease(returning).await;
+        }
+    }
+
     /// A peek's decision with this server's unspent lease counted as
     /// remaining, as a decision from the lease would show it.
     pub(super) fn with_lease_in_hand(
@@ -617,7 +650,10 @@ impl RedisStore {
         };
         let (script, mut args) = lease::call(policy, self.now_int(), cost, want);
         batch::with_until(&mut args, self.until(deadline));
-        let keys = self.inner.keys.quota_keys(policy, key);
+        let mut keys = self.inner.keys.quota_keys(policy, key);
+        if policy.has_caller_rules() {
+            self.add_caller_rules(policy, key, &mut keys, &mut args);
+        }
         let value = self
             .inner
             .conn

@@ -512,7 +512,10 @@ impl Store for RedisStore {
         key: &'a Key,
         quotas: &'a Override,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.set_caller_override(policy, key, quotas))
+        Box::pin(async move {
+            self.end_lease(policy, key).await;
+            self.set_caller_override(policy, key, quotas).await
+        })
     }
 
     fn get_override<'a>(
@@ -528,7 +531,10 @@ impl Store for RedisStore {
         policy: &'a Policy,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.clear_caller_override(policy, key))
+        Box::pin(async move {
+            self.end_lease(policy, key).await;
+            self.clear_caller_override(policy, key).await
+        })
     }
 
     fn list_overrides<'a>(
@@ -544,7 +550,10 @@ impl Store for RedisStore {
         key: &'a Key,
         block: std::time::Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.block_caller(policy, key, block))
+        Box::pin(async move {
+            self.end_lease(policy, key).await;
+            self.block_caller(policy, key, block).await
+        })
     }
 
     fn refund<'a>(
