@@ -17,6 +17,9 @@
 //! `RateLimit-Policy`) or `both`.
 //! `ZOO_CALLS_IN_FLIGHT` sets the Redis store's batching calls in flight
 //! (`RedisStoreBuilder::calls_in_flight`; default 4).
+//! `ZOO_LEASES=1` (with `REDIS_URL`) decides `/tigerfeeding` on a Redis
+//! store with leases (`tollgate::store::Leases`): a hot caller is decided in
+//! memory from a slice of its budget that Redis charged first.
 //!
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
@@ -106,6 +109,7 @@ mod instant;
 mod tiers;
 
 use tollgate::headers::RateLimitHeaders;
+use tollgate::store::Leases;
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
     RedisStore, Store,
@@ -125,6 +129,8 @@ struct Settings {
     tiers: tiers::TierSettings,
     accounts: accounts::AccountSettings,
     calls_in_flight: Option<NonZeroUsize>,
+    /// `ZOO_LEASES=1`: `/tigerfeeding` on a leasing Redis store.
+    leases: bool,
 }
 
 /// The header dialect every limited route sends (`ZOO_HEADERS`).
@@ -179,6 +185,7 @@ impl Settings {
             tiers: tiers::TierSettings::from_env()?,
             accounts: accounts::AccountSettings::from_env()?,
             calls_in_flight: env_or("ZOO_CALLS_IN_FLIGHT", 0usize).map(NonZeroUsize::new)?,
+            leases: env_or("ZOO_LEASES", 0u8)? == 1,
         })
     }
 
@@ -298,10 +305,23 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     };
     let key = settings.caller_key()?;
 
+    // With ZOO_LEASES=1, /tigerfeeding's own store leases hot callers.
+    let tiger_store: Arc<dyn Store> = match (&settings.redis_url, settings.leases) {
+        (Some(url), true) => {
+            let leasing = RedisStore::connect_builder(url)
+                .await
+                .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?
+                .leases(Leases::new())
+                .build()
+                .map_err(|e| e.to_string())?;
+            Arc::new(leasing)
+        }
+        _ => store.clone(),
+    };
     let tiger_limit = RateLimitLayer::builder()
         .headers(dialect())
         .policy(Policy::fixed_window("tigerfeeding", settings.quota).overridable())
-        .shared_store(store.clone())
+        .shared_store(tiger_store)
         .key(key.clone())
         .build()
         .map_err(|e| e.to_string())?;

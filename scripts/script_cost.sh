@@ -20,7 +20,9 @@
 # server's instructions divided by the decisions. Quotas are wide, so every
 # decision passes and writes, as most do. Compare commits, not absolute
 # costs: the zoo's traffic (scripts/callgrind.sh CG_PROCESS=redis) mixes
-# passes, rejections and batch sizes.
+# passes, rejections and batch sizes. Then, for the strategies that lease
+# (docs/leases.md), a decision that takes a lease of 1,000 units
+# (lua/sent/<strategy>_lease.lua; "-" at a commit without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -134,6 +136,25 @@ for s in $strategies; do
     # then nine '=' (lua/batch.lua).
     c=$(measure 10 EVALSHA "$batch" "$nk" "${keys[@]}" 10 0 "$nk" "${#args[@]}" "${args[@]}" = = = = = = = = =)
     printf '%12s %12s %12s' "$a" "$b" "$c"
+  done
+  echo
+done
+
+echo
+printf '%-16s' "lease"
+for rev in "${revs[@]}"; do printf '%12s' "lease@$rev"; done
+echo
+for s in fixed_window aligned_window gcra; do
+  printf '%-16s' "$s"
+  read -ra args <<<"${ARGS[$s]}"
+  for rev in "${revs[@]}"; do
+    if source=$(sent "$rev" "${s}_lease.lua" 2>/dev/null); then
+      sha=$(redis-cli -p "$port" SCRIPT LOAD "$source")
+      redis-cli -p "$port" FLUSHALL >/dev/null
+      printf '%12s' "$(measure 1 EVALSHA "$sha" 1 "cost:{$s}:1" "${args[@]}" 1000)"
+    else
+      printf '%12s' -
+    fi
   done
   echo
 done

@@ -118,4 +118,6 @@ mod docs_doctests {
     struct Benchmarks;
     #[doc = include_str!("../docs/tiers.md")]
     struct Tiers;
+    #[doc = include_str!("../docs/leases.md")]
+    struct Leases;
 }

@@ -17,6 +17,9 @@
 //! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::throttle::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
 //! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
 //! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
+//! | [`tollgate_leases_total`](LEASES) | counter | `policy` | leases a Redis store with [leases](crate::store::Leases) took for hot callers |
+//! | [`tollgate_leased_units_total`](LEASED_UNITS) | counter | `policy` | units those leases charged in Redis beyond the requests that asked |
+//! | [`tollgate_lease_units_returned_total`](LEASE_UNITS_RETURNED) | counter | `policy` | unspent lease units given back to Redis when their lease ended |
 //! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
 //! | [`tollgate_blocks_total`](BLOCKS) | counter | `policy`, `by` | blocks a [penalty box](crate::PenaltyBox) started, `by` the caller's `strikes` or an `operator` |
 //!
@@ -120,6 +123,30 @@ pub const SCRIPT_RELOADS: &str = "tollgate_script_reloads_total";
 #[cfg(feature = "metrics")]
 pub const REPLICA_FALLBACKS: &str = "tollgate_replica_fallbacks_total";
 
+/// Counter name: leases taken, by `policy`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::LEASES, "tollgate_leases_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const LEASES: &str = "tollgate_leases_total";
+
+/// Counter name: units leased (beyond the requests that asked), by `policy`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::LEASED_UNITS, "tollgate_leased_units_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const LEASED_UNITS: &str = "tollgate_leased_units_total";
+
+/// Counter name: unspent lease units given back, by `policy`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::LEASE_UNITS_RETURNED, "tollgate_lease_units_returned_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const LEASE_UNITS_RETURNED: &str = "tollgate_lease_units_returned_total";
+
 /// Histogram buckets (seconds) suited to [`STORE_LATENCY`]: 100 µs to 1 s,
 /// dense around the default 100 ms deadline. Prometheus exporters render
 /// histograms as summaries unless given buckets.
@@ -213,6 +240,21 @@ pub fn describe() {
         REPLICA_FALLBACKS,
         Unit::Count,
         "Read-only rate limit calls a replica failed, asked of the primary"
+    );
+    describe_counter!(
+        LEASES,
+        Unit::Count,
+        "Leases of hot callers' budgets taken from Redis"
+    );
+    describe_counter!(
+        LEASED_UNITS,
+        Unit::Count,
+        "Units charged in Redis by leases beyond the requests that asked"
+    );
+    describe_counter!(
+        LEASE_UNITS_RETURNED,
+        Unit::Count,
+        "Unspent lease units given back to Redis"
     );
     describe_counter!(
         OVERRIDES,
@@ -436,6 +478,31 @@ pub(crate) fn replica_fallback() {
     ::metrics::counter!(REPLICA_FALLBACKS).increment(1);
 }
 
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+/// Counts a lease taken, and the units it charged beyond its request.
+#[inline]
+pub(crate) fn lease_taken(policy: &Policy, units: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        ::metrics::counter!(LEASES, "policy" => policy.shared_name().clone()).increment(1);
+        ::metrics::counter!(LEASED_UNITS, "policy" => policy.shared_name().clone())
+            .increment(units);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, units);
+}
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+/// Counts unspent lease units given back.
+#[inline]
+pub(crate) fn lease_returned(policy: &Policy, units: u64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(LEASE_UNITS_RETURNED, "policy" => policy.shared_name().clone())
+        .increment(units);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, units);
+}
+
 #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
 /// Sets the estimate of distinct callers recently seen under `policy`.
 #[inline]
@@ -483,6 +550,9 @@ mod tests {
             local_cache_hit(&policy);
             local_cache_hit(&policy);
             active_callers(&policy, 42.0);
+            lease_taken(&policy, 40);
+            lease_taken(&policy, 20);
+            lease_returned(&policy, 7);
         });
         // One snapshot: taking one drains the recorder.
         let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
@@ -508,6 +578,17 @@ mod tests {
                     core.clone(),
                     DebugValue::Gauge(42.0.into())
                 ),
+                (
+                    LEASE_UNITS_RETURNED.to_owned(),
+                    core.clone(),
+                    DebugValue::Counter(7)
+                ),
+                (
+                    LEASED_UNITS.to_owned(),
+                    core.clone(),
+                    DebugValue::Counter(60)
+                ),
+                (LEASES.to_owned(), core.clone(), DebugValue::Counter(2)),
                 (LOCAL_CACHE_HITS.to_owned(), core, DebugValue::Counter(2)),
             ]
         );

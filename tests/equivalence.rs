@@ -1,6 +1,7 @@
 //! Random request traces replayed into the memory store and into Redis give
 //! identical decisions, for every strategy: the property behind the
-//! conformance tables, searched by proptest.
+//! conformance tables, searched by proptest. With leases on (issue 34),
+//! decisions may differ, but never admit more than the memory store.
 
 mod support;
 
@@ -14,6 +15,7 @@ use support::conformance::T0;
 use tokio::runtime::Runtime;
 use tollgate::clock::ManualClock;
 use tollgate::decision::Receipt;
+use tollgate::store::Leases;
 use tollgate::{
     Decision, Key, MemoryStore, Override, PenaltyBox, Policy, Quota, RedisStore, Store,
 };
@@ -226,6 +228,108 @@ async fn replay(
         }
     }
     Ok(())
+}
+
+/// The policies that lease: one quota each, small, so leases run out.
+fn leasing_policies() -> Vec<Policy> {
+    vec![
+        Policy::fixed_window("fixed", q(6, 1_000)),
+        Policy::aligned_window("aligned", q(6, 1_000)),
+        Policy::gcra("gcra", q(10, 1_000), NonZeroU32::new(6).unwrap()),
+    ]
+}
+
+/// Eager leases: a caller is hot after two decisions, and leases end soon.
+fn eager_leases() -> Leases {
+    Leases::new()
+        .hot_after(NonZeroU32::new(2).unwrap())
+        .span(Duration::from_millis(200))
+        .lifetime(Duration::from_millis(700))
+        .quiet_after(Duration::from_millis(300))
+}
+
+/// One step of a leased trace: after `gap` µs, `key` asks `server` (of
+/// two) for one unit; `Return` gives every lease back.
+#[derive(Debug, Clone, Copy)]
+enum Leased {
+    Check { key: u8, server: u8 },
+    Return,
+}
+
+fn leased() -> impl Strategy<Value = Leased> {
+    prop_oneof![
+        12 => (0..2u8, 0..2u8).prop_map(|(key, server)| Leased::Check { key, server }),
+        1 => Just(Leased::Return),
+    ]
+}
+
+/// Replays `steps` into the memory store and into two leasing Redis
+/// stores (two servers on one Redis): for each caller, the servers
+/// together never admitted more than the memory store after any step.
+async fn replay_leased(start: u64, steps: &[(u64, Leased)]) -> Result<(), TestCaseError> {
+    for policy in leasing_policies() {
+        let clock = ManualClock::new(start);
+        let memory = MemoryStore::with_clock(clock.clone());
+        let prefix = support::redis::unique_prefix("eq-lease");
+        let mut servers = Vec::new();
+        for _ in 0..2 {
+            let store = RedisStore::from_manager(connection().await)
+                .prefix(&prefix)
+                .clock(clock.clone())
+                .leases(eager_leases())
+                .build()
+                .unwrap();
+            servers.push(store);
+        }
+        let (mut by_memory, mut by_servers) = ([0u64; 2], [0u64; 2]);
+        for (i, &(gap, step)) in steps.iter().enumerate() {
+            clock.advance(Duration::from_micros(gap));
+            let (key, server) = match step {
+                Leased::Check { key, server } => (key, server),
+                Leased::Return => {
+                    for server in &servers {
+                        server.return_leases().await;
+                    }
+                    continue;
+                }
+            };
+            let k = Key::new(format!("k{key}"));
+            let server = &servers[usize::from(server)];
+            let decided = match server.check_now(&policy, &k, 1) {
+                Some(decision) => decision,
+                None => server.check(&policy, &k, 1).await,
+            };
+            by_servers[usize::from(key)] += u64::from(decided.unwrap().allowed);
+            by_memory[usize::from(key)] +=
+                u64::from(memory.check(&policy, &k, 1).await.unwrap().allowed);
+            prop_assert!(
+                by_servers[usize::from(key)] <= by_memory[usize::from(key)],
+                "policy {} step {}: the servers admitted {} for k{}, the memory store {}",
+                policy.name(),
+                i,
+                by_servers[usize::from(key)],
+                key,
+                by_memory[usize::from(key)]
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn leasing_servers_never_admit_more_than_the_memory_store(
+        offset in prop_oneof![Just(0u64), 0..10_000_000u64],
+        steps in prop::collection::vec((gap(), leased()), 1..80),
+    ) {
+        RUNTIME.block_on(replay_leased(T0 + offset, &steps))?;
+    }
 }
 
 proptest! {

@@ -16,6 +16,8 @@ mod clock_skew;
 mod cluster;
 #[path = "topologies/failover.rs"]
 mod failover;
+#[path = "topologies/leases.rs"]
+mod leases;
 #[path = "topologies/load.rs"]
 mod load;
 #[path = "topologies/pre_check.rs"]

@@ -3,19 +3,30 @@
 //! routes in the layer alone: the floors a limiter is read against, and
 //! the in-memory peer, tower_governor, beside the strategies it competes
 //! with, keyed as it is (by peer IP) and sending as many headers.
+//!
+//! For leases (issue 34), three routes keyed by `X-Api-Key`, which
+//! `scripts/load.sh` drives with one hot caller and with a Zipf crowd of
+//! callers, and leaves out of the strategies it lists:
+//! `/strategies/api_key` (the fixed window on the zoo's store),
+//! `/strategies/api_key_leased` (the same on a Redis store with leases;
+//! with `REDIS_URL` only) and `/strategies/governor_api_key`
+//! (tower_governor, keyed the same way).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
 use axum::Router;
 use tollgate::headers::{GithubHeader, RateLimitHeaders};
-use tollgate::{PeerIp, Quota, RateLimitLayer, Store};
+use tollgate::store::Leases;
+use tollgate::{HeaderKey, PeerIp, Policy, Quota, RateLimitLayer, RedisStore, Store};
 use tower::util::MapResponseLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::GovernorLayer;
+use tower_governor::key_extractor::KeyExtractor;
+use tower_governor::{GovernorError, GovernorLayer};
 
 use super::{lineup, tigerfeeding, Zoo};
 
@@ -89,8 +100,66 @@ pub async fn routes(
     }
     router = router
         .route("/strategies/governor_no_headers", governor(quota, false)?)
-        .route("/strategies/governor_two_headers", governor(quota, true)?);
+        .route("/strategies/governor_two_headers", governor(quota, true)?)
+        .route("/strategies/governor_api_key", governor_by_api_key(quota)?)
+        .route(
+            "/strategies/api_key",
+            get(tigerfeeding).layer(by_api_key(quota, store)?),
+        );
+    if let Some(url) = redis_url {
+        let leasing = RedisStore::connect_builder(url)
+            .await
+            .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?
+            .leases(Leases::new())
+            .build()
+            .map_err(|e| e.to_string())?;
+        router = router.route(
+            "/strategies/api_key_leased",
+            get(tigerfeeding).layer(by_api_key(quota, Arc::new(leasing))?),
+        );
+    }
     Ok(Bench { router, names })
+}
+
+/// The fixed window at `quota` on `store`, keyed by `X-Api-Key`, with
+/// GitHub's headers.
+fn by_api_key(quota: Quota, store: Arc<dyn Store>) -> Result<RateLimitLayer, String> {
+    RateLimitLayer::builder()
+        .policy(Policy::fixed_window("api_key", quota))
+        .shared_store(store)
+        .key(HeaderKey::new("x-api-key"))
+        .build()
+        .map_err(|e| format!("api_key: {e}"))
+}
+
+/// tower_governor's key: the `X-Api-Key` header's value.
+#[derive(Debug, Clone, Copy)]
+struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, GovernorError> {
+        req.headers()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+/// tower_governor at `quota`'s rate, as [`governor`], keyed by `X-Api-Key`
+/// and sending its two headers.
+fn governor_by_api_key(quota: Quota) -> Result<MethodRouter<Zoo>, String> {
+    let period = (quota.window() / quota.limit()).max(Duration::from_nanos(1));
+    let config = GovernorConfigBuilder::default()
+        .key_extractor(ApiKey)
+        .period(period)
+        .burst_size(quota.limit())
+        .use_headers()
+        .finish()
+        .ok_or_else(|| format!("tower_governor refuses {quota:?}"))?;
+    Ok(get(tigerfeeding).layer(GovernorLayer::new(config)))
 }
 
 /// tower_governor's GCRA at `quota`'s rate (one unit every `window /

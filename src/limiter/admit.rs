@@ -228,9 +228,6 @@ impl Limiter {
         }
     }
 
-    /// The main store's answer if it gives one without waiting (an
-    /// in-process store), noted; `None` when it must be awaited. Within the
-    /// cooldown after a failure the store is not asked at all.
     /// The policy with the limit this request brought, if it brought one
     /// (see [`RateLimitLayerBuilder::limit_from_request`](crate::RateLimitLayerBuilder::limit_from_request)).
     fn limit_of(&self, parts: &Parts) -> Option<Policy> {
@@ -239,20 +236,35 @@ impl Limiter {
         Some(self.config.policy.with_caller_limit(limit))
     }
 
+    /// The main store's answer if it gives one without waiting (an
+    /// in-process store, or a Redis store's lease in hand), noted; `None`
+    /// when it must be awaited. Within the cooldown after a failure only a
+    /// store out of process is asked, and only for what it answers without
+    /// waiting: a lease in hand keeps deciding through an outage.
     fn ask_main_now(
         &self,
         policy: &Policy,
         key: &Key,
         cost: u64,
     ) -> Option<Result<Decision, StoreError>> {
-        if self.cooling_down() {
+        let store = &self.config.store;
+        let cooling = self.cooling_down();
+        if cooling && store.in_process() {
             return Some(Err(StoreError::cooling_down()));
         }
         // Not timed: the latency histogram measures waits on a store out of
         // process, and an answer in process has none to show.
-        let answer = self.config.store.check_now(policy, key, cost)?;
-        self.note_result(key, &answer);
-        Some(answer)
+        match store.check_now(policy, key, cost) {
+            // Decided in this process for a store out of it (a lease): it
+            // says nothing of whether the store answers.
+            Some(Ok(decision)) if !store.in_process() => Some(Ok(decision)),
+            Some(answer) => {
+                self.note_result(key, &answer);
+                Some(answer)
+            }
+            None if cooling => Some(Err(StoreError::cooling_down())),
+            None => None,
+        }
     }
 
     /// The main store failed: the failure policy's verdict, or (a local

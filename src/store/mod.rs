@@ -18,7 +18,7 @@ pub use self::redis::ClusterConfig;
 pub use self::redis::SentinelConfig;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::{RedisStore, RedisStoreBuilder, Shard, ShardedConfig};
+pub use self::redis::{Leases, RedisStore, RedisStoreBuilder, Shard, ShardedConfig};
 #[cfg(any(feature = "redis", feature = "queue"))]
 pub(crate) use keys::KeySpace;
 

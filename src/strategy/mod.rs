@@ -25,6 +25,8 @@ pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 pub(crate) mod leaky_bucket;
+#[cfg(feature = "redis")]
+pub(crate) mod lease;
 pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod uniform_gate;

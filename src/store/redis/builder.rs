@@ -48,6 +48,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     pre_check: bool,
     batching: bool,
+    leases: Option<super::Leases>,
     calls_in_flight: NonZeroUsize,
     version: Option<ServerVersion>,
 }
@@ -60,6 +61,7 @@ impl RedisStoreBuilder {
             clock: None,
             pre_check: false,
             batching: true,
+            leases: None,
             calls_in_flight: super::batch::MAX_IN_FLIGHT,
             version: None,
         }
@@ -201,6 +203,26 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Leases hot callers' budgets ([`Leases`](super::Leases)): a caller
+    /// decided often on this server is decided from a slice of its budget
+    /// that Redis charged first, in memory, and what is unspent is given
+    /// back. Off by default; fixed window, aligned window (one quota) and
+    /// GCRA policies lease, others decide in Redis every time.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{store::Leases, RedisStore};
+    /// let store = RedisStore::connect_builder("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .leases(Leases::new())
+    ///     .build()?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn leases(mut self, leases: super::Leases) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
     /// The store, or why the options cannot work.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         if self.pre_check && !self.conn.reads_from_replicas() {
@@ -222,6 +244,7 @@ impl RedisStoreBuilder {
                 pre_check: self.pre_check,
                 scripting: Arc::new(Scripting::new(self.version)),
                 offset: ClockOffset(AtomicI64::new(ClockOffset::UNKNOWN)),
+                leases: self.leases.map(super::lease::LeaseTable::new),
             }),
         })
     }

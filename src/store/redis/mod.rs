@@ -8,6 +8,7 @@ mod caller;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod connection;
+mod lease;
 pub(crate) mod reply;
 pub(crate) mod script;
 #[cfg(feature = "sentinel")]
@@ -18,6 +19,7 @@ mod shards;
 pub use self::builder::RedisStoreBuilder;
 #[cfg(feature = "cluster")]
 pub use self::cluster::ClusterConfig;
+pub use self::lease::Leases;
 #[cfg(feature = "sentinel")]
 pub use self::sentinel::SentinelConfig;
 pub use self::shards::{Shard, ShardedConfig};
@@ -29,6 +31,7 @@ use std::time::Instant;
 use self::args::{int, GiveBack};
 use self::batchers::Batchers;
 use self::connection::Connection;
+use self::lease::LeaseTable;
 use self::script::Args;
 use self::script::{LuaScript, SCRIPTS};
 use self::server::Scripting;
@@ -52,6 +55,12 @@ use crate::policy::Policy;
 /// [`RedisStoreBuilder::clock`] the store sends its own time instead; tests
 /// use that with a [`ManualClock`](crate::clock::ManualClock). A window's end is
 /// written once, by the request that opens it, and read back by everyone.
+///
+/// **Leases** (off by default; [`RedisStoreBuilder::leases`]): a caller this
+/// server decides often is decided in memory from a slice of its budget that
+/// one script call charged in Redis first; what is unspent goes back when
+/// the slice ends. No number of servers admits more than the limit; see
+/// [`Leases`] and `docs/leases.md`.
 ///
 /// Runs on Redis 6.2 and later, and on Valkey. Before Redis 7.0 (no script
 /// flags, no `EVALSHA_RO`) peeks and pre-checks run on the primary with
@@ -90,6 +99,8 @@ struct Inner {
     /// Redis time minus this machine's monotonic time, learnt from replies:
     /// how a request's deadline is told to the scripts.
     offset: ClockOffset,
+    /// Hot callers' leases, when the store leases (`lease.rs`).
+    leases: Option<LeaseTable>,
 }
 
 /// The offset between Redis's clock and this machine's monotonic one, µs,
@@ -145,6 +156,7 @@ fn every_script() -> Vec<&'static LuaScript> {
         ]);
     }
     all.extend([&SCRIPTS.reset, &SCRIPTS.overrides, &SCRIPTS.block]);
+    all.extend(crate::strategy::lease::scripts());
     let twins: Vec<&LuaScript> = all.iter().filter_map(|s| s.unflagged()).collect();
     all.extend(twins);
     let batches: Vec<&LuaScript> = all.iter().filter_map(|s| s.batch()).collect();
@@ -341,6 +353,7 @@ impl RedisStore {
     /// configuration): its keys share one hash tag, so one call on one
     /// node clears them all.
     async fn forget(&self, policy: &Policy, key: &Key) -> Result<(), StoreError> {
+        self.forget_lease(policy, key);
         let mut keys: KeyList = self
             .inner
             .keys
@@ -371,9 +384,19 @@ impl RedisStore {
         key: &Key,
         receipt: &Receipt,
     ) -> Result<(), StoreError> {
-        if receipt.is_empty() {
+        if receipt.is_empty() || self.refund_to_lease(policy, key, receipt) {
             return Ok(());
         }
+        self.refund_in_redis(policy, key, receipt).await
+    }
+
+    /// The strategy's refund script for `receipt`, in Redis.
+    async fn refund_in_redis(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+    ) -> Result<(), StoreError> {
         let keys = self.inner.keys.quota_keys(policy, key);
         let algorithm = policy.strategy().algorithm();
         let (script, args) = match algorithm.give_back_call(policy, self.now_int(), receipt) {
@@ -400,6 +423,13 @@ impl RedisStore {
         deadline: Option<Instant>,
     ) -> Result<Decision, StoreError> {
         {
+            if self.inner.leases.is_some() {
+                // Boxed: a store without leases carries none of its future.
+                let leasing = Box::pin(self.charge_leasing(policy, key, cost, deadline));
+                if let Some(answer) = leasing.await {
+                    return answer;
+                }
+            }
             // A penalty box counts rejections where they are decided: a
             // pre-check's would not count.
             if self.inner.pre_check
@@ -447,7 +477,25 @@ impl Store for RedisStore {
         policy: &'a Policy,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.decide(policy, key, 0, true, 0))
+        if self.inner.leases.is_none() {
+            return Box::pin(self.decide(policy, key, 0, true, 0));
+        }
+        Box::pin(async move {
+            let decision = self.decide(policy, key, 0, true, 0).await?;
+            Ok(self.with_lease_in_hand(policy, key, decision))
+        })
+    }
+
+    /// A decision from this server's lease of `key`, when it holds one
+    /// that covers `cost` (see [`Leases`]); otherwise `None`: Redis decides.
+    fn check_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        self.inner.leases.as_ref()?;
+        self.spend_lease(policy, key, cost).map(Ok)
     }
 
     fn reset<'a>(
@@ -464,7 +512,10 @@ impl Store for RedisStore {
         key: &'a Key,
         quotas: &'a Override,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.set_caller_override(policy, key, quotas))
+        Box::pin(async move {
+            self.end_lease(policy, key).await;
+            self.set_caller_override(policy, key, quotas).await
+        })
     }
 
     fn get_override<'a>(
@@ -480,7 +531,10 @@ impl Store for RedisStore {
         policy: &'a Policy,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.clear_caller_override(policy, key))
+        Box::pin(async move {
+            self.end_lease(policy, key).await;
+            self.clear_caller_override(policy, key).await
+        })
     }
 
     fn list_overrides<'a>(
@@ -496,7 +550,10 @@ impl Store for RedisStore {
         key: &'a Key,
         block: std::time::Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.block_caller(policy, key, block))
+        Box::pin(async move {
+            self.end_lease(policy, key).await;
+            self.block_caller(policy, key, block).await
+        })
     }
 
     fn refund<'a>(
@@ -532,6 +589,9 @@ impl Store for RedisStore {
         receipt: &Receipt,
     ) -> Option<Result<(), StoreError>> {
         let algorithm = policy.strategy().algorithm();
+        if self.inner.leases.is_some() && self.refund_to_lease(policy, key, receipt) {
+            return Some(Ok(()));
+        }
         if !algorithm.holds_until_response_ends() || receipt.is_empty() {
             return None;
         }

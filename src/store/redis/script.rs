@@ -175,6 +175,13 @@ impl LuaScript {
         Self::new(name, timed(source))
     }
 
+    /// A [decision](Self::decision) script wrapped by a caller's rules
+    /// (`lua/caller.lua`): what a policy with an override or a penalty box
+    /// runs.
+    pub(crate) fn decision_with_caller(name: &'static str, source: &str) -> Self {
+        Self::new(name, timed_with_caller(source))
+    }
+
     /// A script whose integers come back packed in one string
     /// (`lua/packed.lua`), with no time to keep: a give-back, which is
     /// right however late it runs.

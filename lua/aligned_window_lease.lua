@@ -1,0 +1,47 @@
+-- tollgate: an aligned window's decision that also leases a hot caller a
+-- slice of its budget (one quota). Mirrors src/strategy/lease.rs and
+-- lua/aligned_window.lua; change them together. As
+-- lua/fixed_window_lease.lua, with windows that end at multiples of their
+-- length since the epoch; what is unspent goes back with
+-- lua/fixed_window_refund.lua.
+--
+-- KEYS[1]   hash: c = units spent (leases included), r = window end (µs since epoch)
+-- ARGV[1]   now, µs since epoch; -1 reads Redis TIME (lua/timed.lua folds the
+--           deadline in)
+-- ARGV[2]   cost in units, at least 1
+-- ARGV[3]   the quota's limit, in units
+-- ARGV[4]   the quota's window, in µs (windows end at its multiples)
+-- ARGV[5]   units wanted for the lease, beyond `cost`
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used (the lease included), reset_at µs, retry_after
+--    µs or -1, now µs, quota 0, [on a pass: window end (the refund stamp),
+--    units leased]}
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
+
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = ARGV[2] + 0
+local limit = ARGV[3] + 0
+local window = ARGV[4] + 0
+local r = now - now % window + window
+local stored = redis.call('HMGET', KEYS[1], 'c', 'r')
+local c = tonumber(stored[1])
+local open = c and tonumber(stored[2]) == r
+if not open then c = 0 end
+if c + cost > limit then
+  return {0, limit, math.min(c, limit), r, r - now, now, 0}
+end
+local lease = math.min(ARGV[5] + 0, math.floor((limit - c - cost) / 2))
+local charge = cost + lease
+if open then
+  redis.call('HINCRBY', KEYS[1], 'c', int(charge))
+else
+  redis.call('HSET', KEYS[1], 'c', int(charge), 'r', int(r))
+  redis.call('PEXPIRE', KEYS[1], int(math.ceil((r - now) / 1000) + 1000))
+end
+return {1, limit, c + charge, r, -1, now, 0, r, lease}

@@ -1,0 +1,197 @@
+local function decide(KEYS, ARGV, dry_run)
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first
+-- (in a lone decision, first inside its function `decide`).
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
+-- tollgate: a fixed window's decision that also leases a hot caller a slice
+-- of its budget (one quota). Mirrors src/strategy/lease.rs and the fixed
+-- window's one-quota path (lua/fixed_window.lua); change them together.
+-- The decision itself is the fixed window's: the same check, the same
+-- reply. On a pass it charges `cost` plus the lease, never more than half
+-- of what the window has left after `cost` (the rest stays for the other
+-- servers); the server then spends the lease in memory until the window
+-- ends, and gives back what it did not spend with lua/fixed_window_refund.lua.
+--
+-- KEYS[1]   hash: c = units spent (leases included), r = window end (µs since epoch)
+-- ARGV[1]   now, µs since epoch; -1 reads Redis TIME (lua/timed.lua folds the
+--           deadline in)
+-- ARGV[2]   cost in units, at least 1
+-- ARGV[3]   the quota's limit, in units
+-- ARGV[4]   the quota's window, in µs
+-- ARGV[5]   units wanted for the lease, beyond `cost`
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used (the lease included), reset_at µs, retry_after
+--    µs or -1, now µs, quota 0, [on a pass: window end (the refund stamp),
+--    units leased]}
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
+
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = ARGV[2] + 0
+local limit = ARGV[3] + 0
+local stored = redis.call('HMGET', KEYS[1], 'c', 'r')
+local c, r = tonumber(stored[1]), tonumber(stored[2])
+local open = c and r and r > now
+if not open then c, r = 0, now + (ARGV[4] + 0) end
+if c + cost > limit then
+  return {0, limit, math.min(c, limit), r, r - now, now, 0}
+end
+local lease = math.min(ARGV[5] + 0, math.floor((limit - c - cost) / 2))
+local charge = cost + lease
+if open then
+  redis.call('HINCRBY', KEYS[1], 'c', int(charge))
+else
+  redis.call('HSET', KEYS[1], 'c', int(charge), 'r', int(r))
+  redis.call('PEXPIRE', KEYS[1], int(math.ceil((r - now) / 1000) + 1000))
+end
+return {1, limit, c + charge, r, -1, now, 0, r, lease}
+
+end
+-- tollgate: a caller's own rules around a strategy's decision: an
+-- operator's override of its quotas, and the penalty box. Mirrors
+-- src/store/memory/caller.rs; change both together.
+--
+-- The store puts this file after the strategy's decision function and then
+-- wraps it: `decide = with_caller(decide)` before lua/timed.lua or
+-- lua/peek.lua, `run = with_caller(run)` before lua/batch_decide.lua. The
+-- wrapped function takes the strategy's keys and arguments with these
+-- after them, and hands the strategy exactly its own:
+--
+-- KEYS         the strategy's keys; then the override's key when `at` > 0;
+--              then the penalty-box key when `strikes` > 0
+-- ARGV[n - 4]  at: where the strategy's arguments for its quotas start
+--              (1-based), which an override replaces; 0: no override key
+-- ARGV[n - 3]  strikes: rejections within `span` that start a block; 0: no
+--              penalty box
+-- ARGV[n - 2]  span, µs
+-- ARGV[n - 1]  block, µs: the first block
+-- ARGV[n]      cap, µs: the longest block; each block after the first
+--              doubles up to it
+--
+-- The override key holds `until` (µs, 0 for never) and the strategy's
+-- quota arguments, then `|` and the quotas as the operator gave them:
+-- `until a1 a2 ...|limit window ...`. The penalty-box key is a hash: b =
+-- blocked until, s = strikes, e = end of the strikes' span, n = blocks so
+-- far (µs since the epoch); it expires a second after its strikes stop
+-- counting and a cap after its block ends.
+--
+-- Reply: the strategy's, but while the caller is blocked {2, limit, used,
+-- block end, block end - now, now, reported quota}: what its counters say
+-- (nothing written), refused until the block ends. The rejection that
+-- starts a block replies so too, with 3 first instead of 2.
+
+local function with_caller(inner)
+  return function(KEYS, ARGV, dry_run)
+    local n, nk = #ARGV, #KEYS
+    local tail = {ARGV[n - 4], ARGV[n - 3], ARGV[n - 2], ARGV[n - 1], ARGV[n]}
+    for i = n, n - 4, -1 do ARGV[i] = nil end
+    local at, strikes = tail[1] + 0, tail[2] + 0
+    local box, override = nil, nil
+    if strikes > 0 then box = KEYS[nk]; KEYS[nk] = nil; nk = nk - 1 end
+    if at > 0 then override = KEYS[nk]; KEYS[nk] = nil end
+
+    local now = ARGV[1] + 0
+    if now < 0 then
+      local t = redis.call('TIME')
+      now = t[1] * 1000000 + t[2]
+      ARGV[1] = now
+    end
+
+    if override then
+      local v = redis.call('GET', override)
+      if v then
+        local untl, args = string.match(v, '^(%d+) ([^|]*)|')
+        if untl and (untl + 0 == 0 or untl + 0 > now) then
+          local i = at
+          for a in string.gmatch(args, '%S+') do
+            ARGV[i] = a
+            i = i + 1
+          end
+        end
+      end
+    end
+
+    local reply
+    if box then
+      local p = redis.call('HMGET', box, 'b', 's', 'e', 'n')
+      local b = tonumber(p[1]) or 0
+      local cap = tail[5] + 0
+      -- Past its keeping the entry counts as none, expired or not (expiry
+      -- only cleans up, and replicas do not expire keys).
+      if math.max(tonumber(p[3]) or 0, b + cap) <= now then p, b = {}, 0 end
+      local cost = ARGV[2]
+      if b > now then
+        ARGV[2] = '0'
+        local r = inner(KEYS, ARGV, true)
+        ARGV[2] = cost
+        reply = {2, r[2], math.min(r[3], r[2]), b, b - now, now, r[7]}
+      else
+        reply = inner(KEYS, ARGV, dry_run)
+        if reply[1] == 0 and not dry_run and cost + 0 > 0 then
+          local s, e, blocks = tonumber(p[2]) or 0, tonumber(p[3]) or 0, tonumber(p[4]) or 0
+          local span, block = tail[3] + 0, tail[4] + 0
+          if e > now then s = s + 1 else s, e = 1, now + span end
+          if s >= strikes then
+            b = now + math.floor(math.min(block * 2 ^ blocks, cap))
+            blocks, s = blocks + 1, 0
+            reply = {3, reply[2], math.min(reply[3], reply[2]), b, b - now, now, reply[7]}
+          end
+          redis.call('HSET', box, 'b', string.format('%d', b), 's', s,
+            'e', string.format('%d', e), 'n', blocks)
+          local keep = math.max(e, b + cap)
+          redis.call('PEXPIRE', box, string.format('%d', math.ceil((keep - now) / 1000) + 1000))
+        end
+      end
+    else
+      reply = inner(KEYS, ARGV, dry_run)
+    end
+
+    if override then KEYS[#KEYS + 1] = override end
+    if box then KEYS[#KEYS + 1] = box end
+    for i = 1, 5 do ARGV[n - 5 + i] = tail[i] end
+    return reply
+  end
+end
+decide = with_caller(decide)
+-- tollgate: a charging decision script's reply as one string of 8-byte
+-- big-endian integers, as lua/packed.lua makes it, unless the call came
+-- too late. The store puts the decision script before this file, as the
+-- function `decide(KEYS, ARGV, dry_run)` (run here with `dry_run` false:
+-- it charges), and folds the deadline into the script's own `now`:
+--
+-- ARGV[1]   -1: read Redis TIME, no deadline; below -1: read Redis TIME, and
+--           -ARGV[1] is `until`, the Redis time (µs) after which no one
+--           waits for the answer; 0 or more: the store's own clock's now
+--           (µs), with no deadline
+--
+-- A call Redis runs after `until` (Redis was frozen, or busy, while the
+-- request's deadline passed and the layer decided without it) writes
+-- nothing and replies {-2, now}: its request was already answered, and
+-- charging it would count a request twice. Folded into `now`, the deadline
+-- costs no argument of its own, and TIME is still read once: the `now`
+-- read here is handed on as a number, which the script's `ARGV[1] + 0`
+-- takes as it is.
+local now = ARGV[1] + 0
+if now < -1 then
+  local t = redis.call('TIME')
+  local at = t[1] * 1000000 + t[2]
+  if at > -now then return struct.pack('>ll', -2, at) end
+  ARGV[1] = at
+end
+local reply = decide(KEYS, ARGV, false)
+if type(reply) == 'table' and reply.err == nil then
+  return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
+end
+return reply

@@ -1,0 +1,933 @@
+//! Leased quotas on the Redis store (opt in with
+//! [`RedisStoreBuilder::leases`](super::RedisStoreBuilder::leases)): a hot
+//! caller's decisions are made in this process from a slice of its budget
+//! that Redis charged first.
+//!
+//! A caller decided often enough on this server (see [`Leases`]) gets a
+//! lease with its next decision: the strategy's lease script
+//! (`lua/<strategy>_lease.lua`, one `EVALSHA`) decides the request exactly
+//! as the strategy's own script would, and on a pass also charges up to L
+//! more units, never more than half of what the caller has left. The
+//! server then spends those units in memory ([`Store::check_now`] answers
+//! from them), and gives back what it did not spend when the lease ends,
+//! in one refund call. Callers seen rarely go to Redis per decision, with
+//! the strategy's own script, as without leases.
+//!
+//! One lease request is in flight per caller and server; requests that
+//! find it in flight wait for it (at most one span), then spend from the
+//! new lease or go to Redis alone.
+//!
+//! [`Store::check_now`]: crate::Store::check_now
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use foldhash::fast::RandomState;
+use hashbrown::{Equivalent, HashMap};
+use tokio::sync::Semaphore;
+
+use super::{batch, local_micros, reply, Inner, RedisStore};
+use crate::decision::{Decision, Receipt};
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::strategy::lease::{self, Spending};
+
+/// How the Redis store leases hot callers' budgets; off unless given to
+/// [`RedisStoreBuilder::leases`](super::RedisStoreBuilder::leases).
+///
+/// Leases apply to fixed window, aligned window (one quota each) and GCRA
+/// policies; other policies decide in Redis every time.
+///
+/// A caller is *hot* on this server once it was decided `hot_after` times
+/// within the last one to two spans. A lease asks for as many units as the
+/// caller used here in a span (at least 1, at most `max_units`), and Redis
+/// grants at most half of what the caller has left after the request that
+/// asked. A lease ends when its window ends (GCRA: when it has decayed),
+/// when `lifetime` has passed since it was granted, or when the caller
+/// has been quiet for `quiet_after`; what is unspent then is given back.
+///
+/// ```
+/// use std::{num::NonZeroU32, time::Duration};
+/// use tollgate::store::Leases;
+///
+/// let leases = Leases::new()
+///     .hot_after(NonZeroU32::new(8).unwrap())
+///     .span(Duration::from_millis(100))
+///     .max_units(NonZeroU32::new(1_000).unwrap());
+/// # let _ = leases;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Leases {
+    hot_after: u64,
+    span: u64,
+    max_units: u64,
+    lifetime: u64,
+    quiet_after: u64,
+}
+
+impl Default for Leases {
+    /// Hot after 8 decisions, a span of 100 ms, at most 1,000 units a
+    /// lease, a lifetime of 1 s, given back after 500 ms of quiet.
+    fn default() -> Self {
+        Self {
+            hot_after: 8,
+            span: 100_000,
+            max_units: 1_000,
+            lifetime: 1_000_000,
+            quiet_after: 500_000,
+        }
+    }
+}
+
+/// `d` in µs, at least 1.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Leases {
+    /// The defaults (see [`Leases::default`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many decisions of one caller on this server, within the last
+    /// one to two spans, make it hot.
+    pub fn hot_after(mut self, decisions: NonZeroU32) -> Self {
+        self.hot_after = u64::from(decisions.get());
+        self
+    }
+
+    /// How long a lease should last at the caller's recent rate on this
+    /// server; also the period over which that rate is counted.
+    pub fn span(mut self, span: Duration) -> Self {
+        self.span = micros(span);
+        self
+    }
+
+    /// The most units one lease may ask for.
+    pub fn max_units(mut self, units: NonZeroU32) -> Self {
+        self.max_units = u64::from(units.get());
+        self
+    }
+
+    /// The longest a lease is kept, however much is left of its window.
+    pub fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = micros(lifetime);
+        self
+    }
+
+    /// How long a lease may go unused before it is given back.
+    pub fn quiet_after(mut self, quiet: Duration) -> Self {
+        self.quiet_after = micros(quiet);
+        self
+    }
+}
+
+/// A lease in hand: units Redis charged to the caller, spent here.
+#[derive(Debug)]
+struct Lease {
+    policy: Policy,
+    spending: Spending,
+    /// Units not yet spent (a GCRA lease loses more to decay, see
+    /// [`Spending::decayed`]).
+    units: u64,
+    /// Units spent from it and not refunded: what a refund may put back.
+    spent: u64,
+    /// When the lease was asked for (this server's lease clock, µs).
+    asked_at: u64,
+    /// When it ends, at the latest (lease clock, µs).
+    ends_at: u64,
+    /// When its window ends (lease clock, µs; GCRA: never).
+    window_ends_at: u64,
+    /// The refund stamp of what the lease charged.
+    stamp: u64,
+    limit: u64,
+    /// What Redis had left of the limit once the lease was charged.
+    left_in_redis: u64,
+    /// `Reset` from Redis, store time, µs.
+    reset_at: u64,
+    /// Redis's (or the store clock's) time when the lease was charged, µs.
+    store_now: u64,
+    last_used: u64,
+}
+
+impl Lease {
+    /// Whether a request judged by `policy` may spend this lease: it was
+    /// granted under the same quotas.
+    fn judges_as(&self, policy: &Policy) -> bool {
+        self.policy.quotas() == policy.quotas()
+    }
+
+    /// Units still spendable at `now`.
+    fn available(&self, now: u64) -> u64 {
+        let decayed = self.spending.decayed(now.saturating_sub(self.asked_at));
+        self.units.saturating_sub(decayed)
+    }
+
+    fn ended(&self, now: u64) -> bool {
+        now >= self.ends_at || self.available(now) == 0
+    }
+
+    /// Spends `cost` units at `now`, if the lease has them: the decision,
+    /// its `Remaining` what Redis had left at the lease plus what is still
+    /// unspent of it.
+    fn spend(&mut self, now: u64, cost: u64) -> Option<Decision> {
+        let available = self.available(now);
+        if now >= self.ends_at || available < cost {
+            return None;
+        }
+        self.units -= cost;
+        self.spent += cost;
+        self.last_used = now;
+        let remaining = (self.left_in_redis + (available - cost)).min(self.limit);
+        let store_now = self.store_now + now.saturating_sub(self.asked_at);
+        Some(
+            Decision::allowed(self.limit, self.limit - remaining, self.reset_at, store_now)
+                .with_receipt(Receipt::of(cost, [self.stamp])),
+        )
+    }
+
+    /// What to give back of this lease, if anything is left at `now`.
+    fn returning(self, key: Key, now: u64) -> Option<Returning> {
+        let returning = Returning { lease: self, key };
+        (returning.units_at(now) > 0).then_some(returning)
+    }
+}
+
+/// An ended lease whose unspent units are to go back to Redis.
+#[derive(Debug)]
+pub(crate) struct Returning {
+    lease: Lease,
+    key: Key,
+}
+
+impl Returning {
+    /// Units to give back at `now`: nothing once the window has ended (the
+    /// units went with it); a GCRA lease goes on decaying until the call
+    /// is sent, as the bucket goes on refilling.
+    fn units_at(&self, now: u64) -> u64 {
+        if now >= self.lease.window_ends_at {
+            return 0;
+        }
+        self.lease.available(now)
+    }
+
+    /// The refund's receipt for `units`.
+    fn receipt(&self, units: u64) -> Receipt {
+        let stamp = match self.lease.spending {
+            Spending::Window => self.lease.stamp,
+            // GCRA's refund moves the TAT back by the units, never before
+            // now; a stamp of 0 puts no other floor under it.
+            Spending::Decaying { .. } => 0,
+        };
+        Receipt::of(units, [stamp])
+    }
+}
+
+/// One caller under one policy on this server.
+#[derive(Debug, Default)]
+struct Entry {
+    /// Decisions counted in the current span and the one before it.
+    period_start: u64,
+    this: u64,
+    prev: u64,
+    last_seen: u64,
+    lease: Option<Lease>,
+    /// Closed when the lease request in flight has its answer.
+    refill: Option<Arc<Semaphore>>,
+    /// Until when (lease clock, µs) no lease is asked for: the last lease
+    /// request got nothing (the caller had no room left).
+    dry_until: u64,
+}
+
+impl Entry {
+    /// Counts `cost` units decided at `now`.
+    fn note(&mut self, now: u64, cost: u64, span: u64) {
+        if now >= self.period_start.saturating_add(span) {
+            let recent = now < self.period_start.saturating_add(2 * span);
+            self.prev = if recent { self.this } else { 0 };
+            self.this = 0;
+            self.period_start = now;
+        }
+        self.this += cost;
+        self.last_seen = now;
+    }
+}
+
+/// What [`LeaseTable::ask`] found.
+pub(crate) enum Ask {
+    /// Spent from the lease in hand.
+    Spent(Decision),
+    /// A lease request is in flight: wait for it, then ask again.
+    Wait(Arc<Semaphore>),
+    /// Ask Redis for a lease of `want` units with this decision.
+    Take { want: u64 },
+    /// Decide in Redis alone, as without leases.
+    Plain,
+}
+
+/// A policy's name and a caller: whose lease.
+type Name = (Arc<str>, Key);
+
+/// A [`Name`] borrowed, to look one up without cloning either part.
+struct NameRef<'a>(&'a str, &'a Key);
+
+impl Hash for NameRef<'_> {
+    /// As the tuple hashes: each part in turn, the name as a `str`.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+        self.1.hash(state);
+    }
+}
+
+impl Equivalent<Name> for NameRef<'_> {
+    fn equivalent(&self, (name, key): &Name) -> bool {
+        self.0 == &**name && self.1 == key
+    }
+}
+
+const SHARDS: usize = 16;
+
+/// This server's leases and the counts that tell hot callers.
+#[derive(Debug)]
+pub(crate) struct LeaseTable {
+    options: Leases,
+    shards: Box<[Mutex<HashMap<Name, Entry, RandomState>>]>,
+    hasher: RandomState,
+    sweeping: AtomicBool,
+}
+
+impl LeaseTable {
+    pub(crate) fn new(options: Leases) -> Self {
+        Self {
+            options,
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::default(),
+            sweeping: AtomicBool::new(false),
+        }
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Name, Entry, RandomState>> {
+        let at = self.hasher.hash_one(key) as usize % SHARDS;
+        self.shards[at]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn name(policy: &Policy, key: &Key) -> Name {
+        (policy.shared_name().clone(), key.clone())
+    }
+
+    fn name_ref<'a>(policy: &'a Policy, key: &'a Key) -> NameRef<'a> {
+        NameRef(policy.name(), key)
+    }
+
+    /// Spends from the lease in hand, if it covers `cost` and was taken
+    /// under the quotas the request is judged by; touches nothing
+    /// otherwise. The Redis store's `check_now`.
+    pub(crate) fn spend(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        let mut shard = self.shard(key);
+        let entry = shard.get_mut(&Self::name_ref(policy, key))?;
+        let decision = entry
+            .lease
+            .as_mut()
+            .filter(|l| l.judges_as(policy))?
+            .spend(now, cost)?;
+        entry.note(now, cost, self.options.span);
+        Some(decision)
+    }
+
+    /// What to do with a decision of `cost` at `now` that the lease in
+    /// hand (if any) did not answer at once, and what an ended lease
+    /// leaves to give back. `waited`: the caller already waited for a
+    /// lease request, and is counted. While a lease request is in flight
+    /// the answer is to wait for it (the caller bounds how long); while
+    /// the last one got nothing, to decide in Redis alone.
+    pub(crate) fn ask(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        now: u64,
+        waited: bool,
+    ) -> (Ask, Option<Returning>) {
+        let mut shard = self.shard(key);
+        let entry = match shard.get_mut(&Self::name_ref(policy, key)) {
+            Some(entry) => entry,
+            None => shard.entry(Self::name(policy, key)).or_default(),
+        };
+        let mut returning = None;
+        if let Some(lease) = entry.lease.as_mut() {
+            // A request judged by other quotas (a limit it brought) cannot
+            // spend a lease granted under these: that lease ends.
+            let usable = lease.judges_as(policy);
+            if let Some(decision) = lease.spend(now, cost).filter(|_| usable) {
+                if !waited {
+                    entry.note(now, cost, self.options.span);
+                }
+                return (Ask::Spent(decision), None);
+            }
+            if !usable || lease.ended(now) {
+                returning = entry
+                    .lease
+                    .take()
+                    .and_then(|l| l.returning(key.clone(), now));
+            }
+        }
+        if !waited {
+            entry.note(now, cost, self.options.span);
+        }
+        let ask = match &entry.refill {
+            Some(refill) => Ask::Wait(refill.clone()),
+            None if now < entry.dry_until => Ask::Plain,
+            None if entry.prev + entry.this >= self.options.hot_after => {
+                entry.refill = Some(Arc::new(Semaphore::new(0)));
+                let want = entry.prev.max(entry.this);
+                Ask::Take {
+                    want: want.clamp(1, self.options.max_units),
+                }
+            }
+            None => Ask::Plain,
+        };
+        (ask, returning)
+    }
+
+    /// The lease request for `key` has its answer (or was given up):
+    /// wakes whoever waits for it. `dry_until`: it got nothing, and no
+    /// other is asked for until then.
+    fn refilled(&self, policy: &Policy, key: &Key, dry_until: Option<u64>) {
+        let refill = self
+            .shard(key)
+            .get_mut(&Self::name_ref(policy, key))
+            .and_then(|entry| {
+                if let Some(until) = dry_until {
+                    entry.dry_until = until;
+                }
+                entry.refill.take()
+            });
+        if let Some(refill) = refill {
+            refill.close();
+        }
+    }
+
+    /// Puts a new lease in hand; what the old one leaves is to be given back.
+    fn install(&self, key: &Key, lease: Lease, now: u64) -> Option<Returning> {
+        let mut shard = self.shard(key);
+        let entry = shard.entry(Self::name(&lease.policy, key)).or_default();
+        let old = entry.lease.replace(lease);
+        old.and_then(|old| old.returning(key.clone(), now))
+    }
+
+    /// Gives `receipt` back to the lease in hand, if it was spent from it
+    /// (its window, and no more than was spent) and the lease has not
+    /// ended: the unit was charged in Redis with the lease and is unspent
+    /// again. `false`: it is Redis's to refund.
+    pub(crate) fn refund(&self, policy: &Policy, key: &Key, receipt: &Receipt, now: u64) -> bool {
+        let mut shard = self.shard(key);
+        let Some(lease) = shard
+            .get_mut(&Self::name_ref(policy, key))
+            .and_then(|e| e.lease.as_mut())
+        else {
+            return false;
+        };
+        let cost = receipt.cost();
+        if lease.ended(now) || receipt.stamps() != [lease.stamp] || lease.spent < cost {
+            return false;
+        }
+        lease.spent -= cost;
+        lease.units += cost;
+        true
+    }
+
+    /// Drops `key`'s lease without giving it back (a reset clears Redis).
+    pub(crate) fn forget(&self, policy: &Policy, key: &Key) {
+        self.shard(key).remove(&Self::name_ref(policy, key));
+    }
+
+    /// Ends `key`'s lease now: what it leaves to give back.
+    fn end(&self, policy: &Policy, key: &Key, now: u64) -> Option<Returning> {
+        let mut shard = self.shard(key);
+        let entry = shard.get_mut(&Self::name_ref(policy, key))?;
+        entry.lease.take()?.returning(key.clone(), now)
+    }
+
+    /// Units of `key`'s lease still unspent at `now`.
+    pub(crate) fn unspent(&self, policy: &Policy, key: &Key, now: u64) -> u64 {
+        let shard = self.shard(key);
+        shard
+            .get(&Self::name_ref(policy, key))
+            .and_then(|e| e.lease.as_ref())
+            .filter(|l| !l.ended(now))
+            .map_or(0, |l| l.available(now))
+    }
+
+    /// Ends the leases that ended by `now` or whose caller went quiet
+    /// (every lease when `all`), and forgets callers long unseen: what
+    /// they leave to give back.
+    fn sweep(&self, now: u64, all: bool) -> Vec<Returning> {
+        let quiet = self.options.quiet_after;
+        let forget_after = quiet.max(2 * self.options.span);
+        let mut returning = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            shard.retain(|(_, key), entry| {
+                let ends = entry.lease.as_ref().is_some_and(|l| {
+                    all || l.ended(now) || now >= l.last_used.saturating_add(quiet)
+                });
+                if ends {
+                    let lease = entry.lease.take();
+                    returning.extend(lease.and_then(|l| l.returning(key.clone(), now)));
+                }
+                entry.lease.is_some()
+                    || entry.refill.is_some()
+                    || now < entry.last_seen.saturating_add(forget_after)
+            });
+        }
+        returning
+    }
+
+    /// Whether a sweeper task runs; starts one the first time.
+    fn start_sweeping(&self) -> bool {
+        !self.sweeping.swap(true, Ordering::Relaxed)
+    }
+}
+
+/// Ends a lease request when dropped, answered or not: who waits for it
+/// goes on.
+struct Refill<'a> {
+    table: &'a LeaseTable,
+    policy: &'a Policy,
+    key: &'a Key,
+    /// Until when no other lease is asked for, unless one was granted.
+    dry_until: Option<u64>,
+}
+
+impl Drop for Refill<'_> {
+    fn drop(&mut self) {
+        self.table.refilled(self.policy, self.key, self.dry_until);
+    }
+}
+
+impl RedisStore {
+    /// The lease table, if this store leases and `policy` can.
+    fn leasing(&self, policy: &Policy, cost: u64) -> Option<&LeaseTable> {
+        let table = self.inner.leases.as_ref()?;
+        (cost > 0 && lease::spending(policy).is_some()).then_some(table)
+    }
+
+    /// Time on the leases' clock, µs: the store's clock if it was given
+    /// one, else this machine's monotonic clock (a lease's times are then
+    /// counted from when it was asked for, before Redis charged it, so it
+    /// ends no later than Redis would have it end).
+    pub(super) fn lease_now(&self) -> u64 {
+        match &self.inner.clock {
+            Some(clock) => clock.now_micros(),
+            None => local_micros(Instant::now()).max(0) as u64,
+        }
+    }
+
+    /// The Redis store's `check_now`: a decision from the lease in hand.
+    pub(super) fn spend_lease(&self, policy: &Policy, key: &Key, cost: u64) -> Option<Decision> {
+        let table = self.leasing(policy, cost)?;
+        table.spend(policy, key, cost, self.lease_now())
+    }
+
+    /// A refund the lease in hand takes back, without a call.
+    pub(super) fn refund_to_lease(&self, policy: &Policy, key: &Key, receipt: &Receipt) -> bool {
+        self.leasing(policy, receipt.cost())
+            .is_some_and(|table| table.refund(policy, key, receipt, self.lease_now()))
+    }
+
+    /// Drops `key`'s lease on this server (before a reset).
+    pub(super) fn forget_lease(&self, policy: &Policy, key: &Key) {
+        if let Some(table) = &self.inner.leases {
+            table.forget(policy, key);
+        }
+    }
+
+    /// Ends `key`'s lease on this server and gives back what it leaves
+    /// (before an operator changes the caller's rules: the next lease is
+    /// granted under the new ones).
+    pub(super) async fn end_lease(&self, policy: &Policy, key: &Key) {
+        let Some(table) = &self.inner.leases else {
+            return;
+        };
+        if let Some(returning) = table.end(policy, key, self.lease_now()) {
+            let _ = self.return_lease(returning).await;
+        }
+    }
+
+    /// A peek's decision with this server's unspent lease counted as
+    /// remaining, as a decision from the lease would show it.
+    pub(super) fn with_lease_in_hand(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        mut decision: Decision,
+    ) -> Decision {
+        if let Some(table) = self.leasing(policy, 1) {
+            let unspent = table.unspent(policy, key, self.lease_now());
+            decision.remaining = (decision.remaining + unspent).min(decision.limit);
+            decision.used = decision.limit - decision.remaining;
+        }
+        decision
+    }
+
+    /// A charging decision of a leasing store: from the lease in hand, by
+    /// taking a lease, or (`None`) in Redis alone as without leases.
+    pub(super) async fn charge_leasing(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Decision, StoreError>> {
+        let table = self.leasing(policy, cost)?;
+        // The sweeper also forgets callers long unseen, leased or not.
+        if table.start_sweeping() {
+            self.sweep_in_background();
+        }
+        let mut waited = false;
+        // Waits for lease requests in flight end a span after the first.
+        let mut give_up = None;
+        loop {
+            let (ask, returning) = table.ask(policy, key, cost, self.lease_now(), waited);
+            if let Some(returning) = returning {
+                self.return_in_background(returning);
+            }
+            match ask {
+                Ask::Spent(decision) => return Some(Ok(decision)),
+                Ask::Plain => return None,
+                Ask::Take { want } => {
+                    return Some(
+                        self.take_lease(table, policy, key, cost, want, deadline)
+                            .await,
+                    )
+                }
+                Ask::Wait(refill) => {
+                    // Closed when the lease request ends.
+                    let span = Duration::from_micros(table.options.span);
+                    let until = *give_up.get_or_insert_with(|| tokio::time::Instant::now() + span);
+                    if tokio::time::timeout_at(until, refill.acquire())
+                        .await
+                        .is_err()
+                    {
+                        return None;
+                    }
+                    waited = true;
+                }
+            }
+        }
+    }
+
+    /// One call of the lease script: this request's decision, and on a pass
+    /// a lease put in hand. The decision's `Remaining` counts the lease.
+    async fn take_lease(
+        &self,
+        table: &LeaseTable,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+        want: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Decision, StoreError> {
+        let asked_at = self.lease_now();
+        let mut refill = Refill {
+            table,
+            policy,
+            key,
+            dry_until: Some(asked_at.saturating_add(table.options.span)),
+        };
+        let (script, mut args) = lease::call(policy, self.now_int(), cost, want);
+        batch::with_until(&mut args, self.until(deadline));
+        let mut keys = self.inner.keys.quota_keys(policy, key);
+        if policy.has_caller_rules() {
+            self.add_caller_rules(policy, key, &mut keys, &mut args);
+        }
+        let value = self
+            .inner
+            .conn
+            .eval(script, &keys, &args, false)
+            .await
+            .map_err(|err| script.error(err))?;
+        let ints = reply::integers(value)?;
+        let now_at = if ints.first() == Some(&reply::LATE) {
+            1
+        } else {
+            5
+        };
+        if let Some(&now) = ints.get(now_at) {
+            self.inner.offset.observe(now);
+        }
+        let (mut decision, leased) = lease::reply(ints, cost)?;
+        if decision.allowed && leased > 0 {
+            let spending = lease::spending(policy).expect("only leasing policies take leases");
+            let lifetime = asked_at.saturating_add(table.options.lifetime);
+            let window_left = decision.reset_at_micros.saturating_sub(decision.now_micros);
+            let window_ends_at = match spending {
+                Spending::Window => asked_at.saturating_add(window_left),
+                Spending::Decaying { .. } => u64::MAX,
+            };
+            let spent_by = match spending {
+                Spending::Window => window_ends_at,
+                Spending::Decaying { interval } => {
+                    asked_at.saturating_add(leased.saturating_mul(interval))
+                }
+            };
+            let lease = Lease {
+                policy: policy.clone(),
+                spending,
+                units: leased,
+                spent: 0,
+                asked_at,
+                ends_at: lifetime.min(spent_by),
+                window_ends_at,
+                stamp: decision.receipt.stamps().first().copied().unwrap_or(0),
+                limit: decision.limit,
+                left_in_redis: decision.remaining,
+                reset_at: decision.reset_at_micros,
+                store_now: decision.now_micros,
+                last_used: asked_at,
+            };
+            refill.dry_until = None;
+            if let Some(returning) = table.install(key, lease, asked_at) {
+                self.return_in_background(returning);
+            }
+            crate::metrics::lease_taken(policy, leased);
+            tracing::debug!(
+                policy = policy.name(),
+                units = leased,
+                "rate limit lease taken for a hot caller"
+            );
+            decision.remaining = (decision.remaining + leased).min(decision.limit);
+            decision.used = decision.limit - decision.remaining;
+        }
+        let scope = policy.strategy().scope_of(decision.quota);
+        Ok(decision.scoped(scope))
+    }
+
+    /// Gives back what an ended lease left, in a task of its own.
+    fn return_in_background(&self, returning: Returning) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.clone();
+        runtime.spawn(async move { store.return_lease(returning).await });
+    }
+
+    /// One refund call: the unspent units back to the window (or bucket)
+    /// the lease charged.
+    async fn return_lease(&self, returning: Returning) -> Result<u64, StoreError> {
+        let units = returning.units_at(self.lease_now());
+        if units == 0 {
+            return Ok(0);
+        }
+        let (policy, key) = (&returning.lease.policy, &returning.key);
+        match self
+            .refund_in_redis(policy, key, &returning.receipt(units))
+            .await
+        {
+            Ok(()) => {
+                crate::metrics::lease_returned(policy, units);
+                Ok(units)
+            }
+            Err(err) => {
+                tracing::debug!(policy = policy.name(), error = %err,
+                    "could not give back a lease's unspent units; they lapse with its window");
+                Err(err)
+            }
+        }
+    }
+
+    /// A task that ends quiet and lapsed leases every half `quiet_after`,
+    /// while the store lives.
+    fn sweep_in_background(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Some(table) = &self.inner.leases else {
+            return;
+        };
+        let every = Duration::from_micros((table.options.quiet_after / 2).max(10_000));
+        let store: Weak<Inner> = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = store.upgrade() else { return };
+                let store = RedisStore { inner };
+                store.end_leases(false).await;
+            }
+        });
+    }
+
+    /// Ends leases (all of them, or those lapsed and quiet) and gives back
+    /// what they leave, one refund call each: the units given back.
+    async fn end_leases(&self, all: bool) -> u64 {
+        let Some(table) = &self.inner.leases else {
+            return 0;
+        };
+        let mut given = 0;
+        for returning in table.sweep(self.lease_now(), all) {
+            given += self.return_lease(returning).await.unwrap_or(0);
+        }
+        given
+    }
+
+    /// Gives back every lease this store holds, one refund call each, and
+    /// answers how many units went back: for a graceful shutdown (a store
+    /// dropped holding leases loses them, each at most until its window
+    /// ends). Units whose give-back fails lapse with their window.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tollgate::RedisStore) {
+    /// let given_back = store.return_leases().await;
+    /// # let _ = given_back; }
+    /// ```
+    pub async fn return_leases(&self) -> u64 {
+        self.end_leases(true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    const SECOND: u64 = 1_000_000;
+
+    fn policy() -> Policy {
+        Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(100).unwrap()))
+    }
+
+    /// A window lease of `units`, asked for at `at`, its window ending at
+    /// `window_end` (lease clock and store clock alike).
+    fn lease(units: u64, at: u64, window_end: u64, lifetime: u64) -> Lease {
+        Lease {
+            policy: policy(),
+            spending: Spending::Window,
+            units,
+            spent: 0,
+            asked_at: at,
+            ends_at: window_end.min(at + lifetime),
+            window_ends_at: window_end,
+            stamp: window_end,
+            limit: 100,
+            left_in_redis: 50,
+            reset_at: window_end,
+            store_now: at,
+            last_used: at,
+        }
+    }
+
+    fn table() -> LeaseTable {
+        LeaseTable::new(
+            Leases::new()
+                .hot_after(NonZeroU32::new(3).unwrap())
+                .span(Duration::from_secs(1))
+                .quiet_after(Duration::from_secs(2)),
+        )
+    }
+
+    fn hold(table: &LeaseTable, key: &Key, lease: Lease) {
+        let now = lease.asked_at;
+        assert!(table.install(key, lease, now).is_none());
+    }
+
+    #[test]
+    fn remaining_is_what_redis_had_left_plus_the_unspent_lease() {
+        let mut lease = lease(10, 0, 60 * SECOND, 60 * SECOND);
+        let d = lease.spend(SECOND, 3).unwrap();
+        assert_eq!((d.remaining, d.used, d.limit), (57, 43, 100));
+        assert_eq!(d.now_micros, SECOND);
+        assert_eq!(d.receipt.stamps(), [60 * SECOND]);
+        assert!(lease.spend(SECOND, 8).is_none(), "7 left");
+        assert!(lease.spend(60 * SECOND, 1).is_none(), "the window ended");
+    }
+
+    #[test]
+    fn a_caller_is_hot_after_enough_decisions_within_a_span_or_two() {
+        let (table, policy, bob) = (table(), policy(), Key::new("bob"));
+        for at in [0, 1] {
+            assert!(matches!(
+                table.ask(&policy, &bob, 1, at, false).0,
+                Ask::Plain
+            ));
+        }
+        // A span later the count before still counts; two spans later not.
+        match table.ask(&policy, &bob, 1, SECOND + 1, false).0 {
+            Ask::Take { want } => assert_eq!(want, 2, "as many as the busier span"),
+            _ => panic!("hot after three"),
+        }
+        // While that lease request is in flight, others wait for it.
+        assert!(matches!(
+            table.ask(&policy, &bob, 1, SECOND + 2, false).0,
+            Ask::Wait(_)
+        ));
+        table.refilled(&policy, &bob, Some(SECOND + 10));
+        assert!(
+            matches!(table.ask(&policy, &bob, 1, SECOND + 3, false).0, Ask::Plain),
+            "dry"
+        );
+        assert!(
+            matches!(table.ask(&policy, &bob, 1, 5 * SECOND, false).0, Ask::Plain),
+            "cold"
+        );
+    }
+
+    #[test]
+    fn a_lease_ended_by_its_lifetime_is_given_back_and_one_ended_by_its_window_is_not() {
+        let (table, policy, bob) = (table(), policy(), Key::new("bob"));
+        hold(&table, &bob, lease(10, 0, 60 * SECOND, 5 * SECOND));
+        let (_, returning) = table.ask(&policy, &bob, 1, 5 * SECOND, false);
+        assert_eq!(returning.unwrap().units_at(5 * SECOND), 10);
+
+        hold(&table, &bob, lease(10, 0, 60 * SECOND, 600 * SECOND));
+        let (_, returning) = table.ask(&policy, &bob, 1, 60 * SECOND, false);
+        assert!(returning.is_none(), "the units went with the window");
+    }
+
+    #[test]
+    fn the_sweep_ends_quiet_leases_and_forgets_callers_long_unseen() {
+        let (table, policy) = (table(), policy());
+        let (quiet, busy) = (Key::new("quiet"), Key::new("busy"));
+        hold(&table, &quiet, lease(10, 0, 60 * SECOND, 60 * SECOND));
+        hold(&table, &busy, lease(10, 0, 60 * SECOND, 60 * SECOND));
+        table.spend(&policy, &busy, 1, SECOND).unwrap();
+        let returning = table.sweep(2 * SECOND, false);
+        assert_eq!(returning.len(), 1, "only the quiet lease");
+        assert_eq!(returning[0].key, quiet);
+        assert_eq!(table.unspent(&policy, &busy, 2 * SECOND), 9);
+        // Everything, for a shutdown.
+        let returning = table.sweep(2 * SECOND, true);
+        assert_eq!(returning[0].units_at(2 * SECOND), 9);
+        // Unseen for longer than the quiet time and two spans: forgotten.
+        assert!(table.sweep(10 * SECOND, false).is_empty());
+        assert!(table.shards.iter().all(|s| s.lock().unwrap().is_empty()));
+    }
+
+    #[test]
+    fn a_refund_returns_to_the_lease_that_charged_it_only() {
+        let (table, policy, bob) = (table(), policy(), Key::new("bob"));
+        hold(&table, &bob, lease(10, 0, 60 * SECOND, 60 * SECOND));
+        let spent = table.spend(&policy, &bob, 2, SECOND).unwrap();
+        assert!(table.refund(&policy, &bob, &spent.receipt, SECOND));
+        assert_eq!(table.unspent(&policy, &bob, SECOND), 10);
+        let other_window = Receipt::of(1, [120 * SECOND]);
+        assert!(!table.refund(&policy, &bob, &other_window, SECOND));
+        // Only what was spent from it: a second refund of the same receipt
+        // (or a plain decision's) is Redis's.
+        assert!(!table.refund(&policy, &bob, &spent.receipt, SECOND));
+        table.forget(&policy, &bob);
+        assert!(!table.refund(&policy, &bob, &spent.receipt, SECOND));
+    }
+}

@@ -1,0 +1,203 @@
+//! What each strategy knows about leases: whether it can lease, its lease
+//! script (`lua/<name>_lease.lua`, one `EVALSHA` that decides the request
+//! and charges the lease), and how a lease is spent in memory.
+//!
+//! A lease is a slice of one caller's budget, charged in Redis before a
+//! unit of it is spent, so every unit a server admits from its lease was
+//! counted in Redis first. Which strategies can lease, and why:
+//!
+//! - **Fixed window, aligned window** (one quota): a unit charged in a
+//!   window and spent in the same window counts exactly as if it had been
+//!   charged when spent. A lease ends with its window.
+//! - **GCRA**: units charged early would bank: the bucket refills while a
+//!   lease sits unspent, and the two together could pass more than `burst`
+//!   at once. A lease therefore decays by one unit per emission interval
+//!   from the moment it was asked for, as fast as the bucket refills: the
+//!   bucket and every lease together never hold more than `burst`.
+//! - **Sliding window** could lease as the fixed window does (a unit charged
+//!   early in its window weighs the same in the next window's estimate);
+//!   not built yet.
+//! - **Sliding log** cannot: a logged unit leaves the log one period after
+//!   it was charged, so a unit spent later would be forgotten early.
+//! - **Leaky bucket, uniform gate**: each pass is given its own place in
+//!   time (a delay, a gap since the last pass), which a slice of units
+//!   cannot carry.
+//! - **Concurrency**: a slot is held until its response ends and released
+//!   by that response; there is no rate to slice.
+//!
+//! Policies with several quotas do not lease (their decisions go to Redis
+//! as without leases). A policy with a caller's own rules (an override, a
+//! penalty box) leases through the same scripts wrapped by
+//! `lua/caller.lua`: a lease script takes the strategy's own arguments
+//! with the units wanted after them, so the wrapper's override replaces
+//! the quota arguments as it does for the decision, and the lease is
+//! granted against the limit the decision is judged by.
+
+use std::sync::LazyLock;
+
+use super::gcra;
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::policy::{Policy, Strategy};
+use crate::store::redis::args::int;
+use crate::store::redis::reply::{self, Ints};
+use crate::store::redis::script::{Args, LuaScript};
+
+/// How a lease is spent in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spending {
+    /// Unit by unit until the window it was charged in ends.
+    Window,
+    /// Unit by unit while it decays by one unit per `interval` µs (the
+    /// GCRA's emission interval) from the moment it was asked for.
+    Decaying { interval: u64 },
+}
+
+impl Spending {
+    /// Units of a lease of `units` decayed `elapsed` µs after it was asked
+    /// for: rounded up, so a lease never outlives what the bucket refilled.
+    pub(crate) fn decayed(self, elapsed: u64) -> u64 {
+        match self {
+            Spending::Window => 0,
+            Spending::Decaying { interval } => elapsed.div_ceil(interval.max(1)),
+        }
+    }
+}
+
+/// One strategy's lease script, alone and wrapped by a caller's rules.
+struct Pair {
+    alone: LuaScript,
+    with_caller: LuaScript,
+}
+
+impl Pair {
+    fn new(name: &'static str, caller: &'static str, source: &str) -> Self {
+        Self {
+            alone: LuaScript::decision(name, source),
+            with_caller: LuaScript::decision_with_caller(caller, source),
+        }
+    }
+
+    fn for_policy(&self, policy: &Policy) -> &LuaScript {
+        if policy.has_caller_rules() {
+            &self.with_caller
+        } else {
+            &self.alone
+        }
+    }
+}
+
+/// The lease scripts, built once.
+struct Scripts {
+    fixed_window: Pair,
+    aligned_window: Pair,
+    gcra: Pair,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    fixed_window: Pair::new(
+        "fixed_window_lease",
+        "fixed_window_lease_caller",
+        include_str!("../../lua/fixed_window_lease.lua"),
+    ),
+    aligned_window: Pair::new(
+        "aligned_window_lease",
+        "aligned_window_lease_caller",
+        include_str!("../../lua/aligned_window_lease.lua"),
+    ),
+    gcra: Pair::new(
+        "gcra_lease",
+        "gcra_lease_caller",
+        include_str!("../../lua/gcra_lease.lua"),
+    ),
+});
+
+/// Every lease script, in a fixed order (for the listing of every script).
+pub(crate) fn scripts() -> [&'static LuaScript; 6] {
+    let s = &*SCRIPTS;
+    [
+        &s.fixed_window.alone,
+        &s.aligned_window.alone,
+        &s.gcra.alone,
+        &s.fixed_window.with_caller,
+        &s.aligned_window.with_caller,
+        &s.gcra.with_caller,
+    ]
+}
+
+/// How `policy`'s leases are spent, if it can lease at all.
+pub(crate) fn spending(policy: &Policy) -> Option<Spending> {
+    match (policy.strategy(), policy.quotas()) {
+        (Strategy::FixedWindow | Strategy::AlignedWindow, [_]) => Some(Spending::Window),
+        (Strategy::Gcra { .. }, [quota]) => Some(Spending::Decaying {
+            interval: gcra::interval(quota),
+        }),
+        _ => None,
+    }
+}
+
+/// The lease script for `policy` (which [`spending`] accepted) and its
+/// arguments: `now` (µs, or -1 for Redis `TIME`), `cost`, the quota, then
+/// the units wanted beyond `cost`. For a policy with a caller's own rules
+/// the script is wrapped by `lua/caller.lua`, whose keys and arguments the
+/// store adds after these.
+pub(crate) fn call(policy: &Policy, now: i64, cost: u64, want: u64) -> (&'static LuaScript, Args) {
+    let quota = &policy.quotas()[0];
+    match policy.strategy() {
+        Strategy::Gcra { burst } => (
+            SCRIPTS.gcra.for_policy(policy),
+            Args::from_slice(&[
+                now,
+                int(cost),
+                int(gcra::interval(quota)),
+                int(burst.get()),
+                int(want),
+            ]),
+        ),
+        strategy => {
+            let script = match strategy {
+                Strategy::AlignedWindow => SCRIPTS.aligned_window.for_policy(policy),
+                _ => SCRIPTS.fixed_window.for_policy(policy),
+            };
+            let args = Args::from_slice(&[
+                now,
+                int(cost),
+                int(quota.limit()),
+                int(quota.window_micros()),
+                int(want),
+            ]);
+            (script, args)
+        }
+    }
+}
+
+/// A lease script's reply: the decision for the request that asked (as the
+/// strategy's own script would reply, its `used` counting the lease), and
+/// the units leased (0 on a rejection).
+pub(crate) fn reply(mut ints: Ints, cost: u64) -> Result<(Decision, u64), StoreError> {
+    let leased = match ints.first() {
+        Some(1) if ints.len() == 9 => ints.pop().map_or(0, |n| n.max(0) as u64),
+        Some(1) => {
+            return Err(StoreError::protocol(format!(
+                "malformed lease reply {ints:?}"
+            )))
+        }
+        _ => 0,
+    };
+    Ok((reply::decision(ints, cost)?, leased))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decaying_lease_loses_a_unit_per_interval_rounded_up() {
+        let gcra = Spending::Decaying { interval: 100 };
+        assert_eq!(gcra.decayed(0), 0);
+        assert_eq!(gcra.decayed(1), 1);
+        assert_eq!(gcra.decayed(100), 1);
+        assert_eq!(gcra.decayed(101), 2);
+        assert_eq!(Spending::Window.decayed(1_000_000), 0);
+    }
+}

@@ -1,0 +1,468 @@
+//! Issue 34: leased quotas. A hot caller is decided from a slice of its
+//! budget that Redis charged first, so no number of servers admits more
+//! than the limit; what a lease leaves unspent is what the other servers
+//! may under-admit, and what a dead server loses. Time is a `ManualClock`
+//! throughout: nothing here waits for a lease to lapse.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use support::conformance::T0;
+use support::redis::{command_calls, shared_url, unique_prefix, RedisServer};
+use tollgate::clock::ManualClock;
+use tollgate::store::Leases;
+use tollgate::{
+    FailurePolicy, HeaderKey, Key, KeyExtractor, Override, PenaltyBox, Policy, Quota,
+    RateLimitLayer, RedisStore, Store,
+};
+use tower::ServiceExt;
+
+fn per_minute(n: u32) -> Quota {
+    Quota::per_minute(NonZeroU32::new(n).unwrap())
+}
+
+/// Leases for a caller decided 4 times on a server.
+fn leases() -> Leases {
+    Leases::new().hot_after(NonZeroU32::new(4).unwrap())
+}
+
+async fn store(url: &str, prefix: &str, clock: &ManualClock, leases: Option<Leases>) -> RedisStore {
+    let builder = RedisStore::connect_builder(url)
+        .await
+        .unwrap()
+        .prefix(prefix)
+        .clock(clock.clone());
+    match leases {
+        Some(leases) => builder.leases(leases),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+/// What Redis counts as spent by `key` (leases in hand included), read by a
+/// store that holds none.
+async fn used_in_redis(reader: &RedisStore, policy: &Policy, key: &Key) -> u64 {
+    reader.peek(policy, key).await.unwrap().used
+}
+
+/// The key the layer's extractor gives `caller`'s requests.
+fn caller(caller: &str) -> Key {
+    let (parts, _) = Request::get("/")
+        .header("x-api-key", caller)
+        .body(())
+        .unwrap()
+        .into_parts();
+    HeaderKey::new("x-api-key").extract(&parts).unwrap()
+}
+
+/// A server limiting by `X-Api-Key` on `store`; a decision that misses
+/// `deadline` gets `failure`.
+fn app(store: RedisStore, policy: &Policy, failure: FailurePolicy, deadline: Duration) -> Router {
+    let layer = RateLimitLayer::builder()
+        .policy(policy.clone())
+        .store(store)
+        .key(HeaderKey::new("x-api-key"))
+        .on_store_failure(failure)
+        .deadline(deadline)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "hi" }))
+        .route("/unchanged", get(|| async { StatusCode::NOT_MODIFIED }))
+        .route_layer(layer)
+}
+
+async fn hit(app: &Router, caller: &str) -> StatusCode {
+    let req = Request::get("/")
+        .header("x-api-key", caller)
+        .body(Body::empty())
+        .unwrap();
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
+/// `n` requests of `caller` at once, spread over `apps` in turn: how many
+/// passed.
+async fn crowd(apps: &[Router], caller: &str, n: usize) -> u64 {
+    let calls: Vec<_> = (0..n)
+        .map(|i| {
+            let app = apps[i % apps.len()].clone();
+            let caller = caller.to_owned();
+            tokio::spawn(async move { hit(&app, &caller).await })
+        })
+        .collect();
+    let mut passed = 0;
+    for call in calls {
+        passed += u64::from(call.await.unwrap() == StatusCode::OK);
+    }
+    passed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_redis_admit_at_most_the_limit() {
+    let redis = RedisServer::start();
+    let (prefix, clock) = (unique_prefix("lease-two"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(50));
+    let url = redis.url();
+    let servers = [
+        store(&url, &prefix, &clock, Some(leases())).await,
+        store(&url, &prefix, &clock, Some(leases())).await,
+    ];
+    // Closed, with a deadline no call misses on a busy machine: every 200
+    // is a decision of the limit, and every lease reached its server.
+    let closed = FailurePolicy::closed(Duration::from_secs(1));
+    let apps: Vec<Router> = servers
+        .iter()
+        .map(|s| app(s.clone(), &policy, closed.clone(), Duration::from_secs(10)))
+        .collect();
+
+    let admitted = crowd(&apps, "hot", 200).await;
+    assert!(admitted <= 50, "admitted {admitted} of a limit of 50");
+    let calls = evalsha_calls(&redis);
+
+    // Every unit Redis charged was admitted or sits unspent in a lease.
+    let reader = store(&url, &prefix, &clock, None).await;
+    let charged = used_in_redis(&reader, &policy, &caller("hot")).await;
+    let unspent = servers[0].return_leases().await + servers[1].return_leases().await;
+    assert_eq!(charged, admitted + unspent);
+    assert_eq!(
+        used_in_redis(&reader, &policy, &caller("hot")).await,
+        admitted
+    );
+    // The bound: under-admission at most the leases unspent at the end.
+    let under = 50 - admitted;
+    assert!(
+        under <= unspent,
+        "under-admitted {under}, leases held {unspent}"
+    );
+    eprintln!("two servers, 200 requests, limit 50: admitted {admitted}, under-admitted {under}, unspent leases given back {unspent}, {calls} script calls");
+
+    // What went back is admitted now, and nothing more.
+    let mut again = 0;
+    for _ in 0..60 {
+        again += u64::from(hit(&apps[0], "hot").await == StatusCode::OK);
+    }
+    assert_eq!(admitted + again, 50);
+}
+
+/// Scripts Redis ran (`EVALSHA`) since it started.
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    command_calls(redis).get("evalsha").copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_caller_costs_a_few_calls_not_one_a_request() {
+    let redis = RedisServer::start();
+    let (prefix, clock) = (unique_prefix("lease-calls"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(100_000));
+    let server = store(&redis.url(), &prefix, &clock, Some(leases())).await;
+    let bob = Key::new("bob");
+    for _ in 0..2_000 {
+        let decided = match server.check_now(&policy, &bob, 1) {
+            Some(decision) => decision,
+            None => server.check(&policy, &bob, 1).await,
+        };
+        assert!(decided.unwrap().allowed);
+    }
+    // Three alone, then leases that double with the caller's count (4, 8,
+    // ... 1,000 units): about a dozen calls for 2,000 decisions.
+    let calls = evalsha_calls(&redis);
+    assert!(calls <= 16, "{calls} script calls for 2,000 decisions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_serves_a_hot_caller_without_redis_and_its_headers_add_up() {
+    let (prefix, clock) = (unique_prefix("lease-one"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(100));
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let bob = Key::new("bob");
+
+    // Three decisions in Redis alone; the fourth makes bob hot and takes a
+    // lease of what he used (4 units), at most half of what is left.
+    for used in 1..=3 {
+        let d = server.check(&policy, &bob, 1).await.unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, 100 - used));
+        assert_eq!(used_in_redis(&reader, &policy, &bob).await, used);
+    }
+    let d = server.check(&policy, &bob, 1).await.unwrap();
+    assert_eq!(used_in_redis(&reader, &policy, &bob).await, 4 + 4);
+    // Remaining: what Redis had left at the lease (92) plus the unspent
+    // lease (4): what a memory store would say.
+    assert_eq!((d.allowed, d.remaining, d.used), (true, 96, 4));
+
+    // Spent in memory, with no call: Redis's count does not move.
+    for left in (92..96).rev() {
+        let d = server.check_now(&policy, &bob, 1).unwrap().unwrap();
+        assert_eq!(d.remaining, left);
+        assert_eq!(d.reset_at_micros, T0 + 60_000_000, "Reset from Redis");
+    }
+    assert!(server.check_now(&policy, &bob, 1).is_none(), "spent");
+    assert_eq!(used_in_redis(&reader, &policy, &bob).await, 8);
+    // A peek counts the lease in hand as remaining.
+    assert_eq!(server.peek(&policy, &bob).await.unwrap().remaining, 92);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_goes_back_into_the_lease_and_a_reset_drops_it() {
+    let (prefix, clock) = (unique_prefix("lease-refund"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(100));
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let bob = Key::new("bob");
+    for _ in 0..4 {
+        server.check(&policy, &bob, 1).await.unwrap();
+    }
+    let spent = server.check(&policy, &bob, 1).await.unwrap();
+    assert_eq!(spent.remaining, 95);
+    // A 304's refund of a leased unit: back in the lease, at once, with no
+    // call; Redis still counts it, as part of the lease.
+    assert!(matches!(
+        server.refund_now(&policy, &bob, &spent.receipt),
+        Some(Ok(()))
+    ));
+    assert_eq!(used_in_redis(&reader, &policy, &bob).await, 8);
+    assert_eq!(server.check(&policy, &bob, 1).await.unwrap().remaining, 95);
+
+    // A reset through this server drops its lease: nothing is decided
+    // from it, and Redis starts from nothing.
+    server.reset(&policy, &bob).await.unwrap();
+    assert!(server.check_now(&policy, &bob, 1).is_none());
+    assert_eq!(used_in_redis(&reader, &policy, &bob).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_304_through_the_layer_is_refunded_into_the_lease_and_costs_nothing() {
+    let (prefix, clock) = (unique_prefix("lease-304"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(100));
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let app = app(
+        server.clone(),
+        &policy,
+        FailurePolicy::Open,
+        Duration::from_secs(10),
+    );
+    for _ in 0..4 {
+        assert_eq!(hit(&app, "bob").await, StatusCode::OK);
+    }
+    let bob = caller("bob");
+    assert_eq!(
+        used_in_redis(&reader, &policy, &bob).await,
+        8,
+        "4 and a lease of 4"
+    );
+    let req = Request::get("/unchanged")
+        .header("x-api-key", "bob")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_MODIFIED);
+    // Spent from the lease and given back to it: Remaining as before.
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "96");
+    assert_eq!(server.peek(&policy, &bob).await.unwrap().remaining, 96);
+    assert_eq!(server.return_leases().await, 4);
+    assert_eq!(used_in_redis(&reader, &policy, &bob).await, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_holding_a_lease_loses_at_most_that_lease_until_its_window_ends() {
+    let (prefix, clock) = (unique_prefix("lease-dead"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(50));
+    let url = shared_url();
+    let reader = store(&url, &prefix, &clock, None).await;
+    let bob = Key::new("bob");
+    let dying = store(&url, &prefix, &clock, Some(leases())).await;
+    let mut admitted_by_dying = 0;
+    for _ in 0..6 {
+        admitted_by_dying += u64::from(dying.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    let charged = used_in_redis(&reader, &policy, &bob).await;
+    let lease = charged - admitted_by_dying;
+    assert!(lease > 0, "the dying server holds a lease");
+    drop(dying); // killed: nothing given back
+
+    let survivor = store(&url, &prefix, &clock, Some(leases())).await;
+    let mut admitted = 0;
+    for _ in 0..60 {
+        admitted += u64::from(survivor.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    assert_eq!(
+        admitted_by_dying + admitted,
+        50 - lease,
+        "lost exactly the lease"
+    );
+    assert!(
+        lease <= 25,
+        "a lease is never more than half of what is left"
+    );
+
+    // The window ends, and the lost lease with it.
+    clock.advance(Duration::from_secs(60));
+    let mut next_window = 0;
+    for _ in 0..60 {
+        next_window += u64::from(survivor.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    assert_eq!(next_window, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_admission_is_at_most_what_other_servers_hold_unspent() {
+    let (prefix, clock) = (unique_prefix("lease-under"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(50));
+    let url = shared_url();
+    let reader = store(&url, &prefix, &clock, None).await;
+    let bob = Key::new("bob");
+    let (a, b) = (
+        store(&url, &prefix, &clock, Some(leases())).await,
+        store(&url, &prefix, &clock, Some(leases())).await,
+    );
+    let mut by_a = 0;
+    for _ in 0..4 {
+        by_a += u64::from(a.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    let held_by_a = used_in_redis(&reader, &policy, &bob).await - by_a;
+    assert!(held_by_a > 0);
+
+    // B is refused once Redis is spent, while A still holds its lease.
+    let mut by_b = 0;
+    for _ in 0..100 {
+        by_b += u64::from(b.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    assert_eq!(by_a + by_b, 50 - held_by_a, "under-admitted by A's lease");
+    // A spends it: nothing was lost.
+    for _ in 0..100 {
+        by_a += u64::from(a.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    assert_eq!(by_a + by_b, 50);
+}
+
+/// One decision from `server`: from its lease in hand, else from Redis.
+async fn decide(server: &RedisStore, policy: &Policy, key: &Key) -> tollgate::Decision {
+    match server.check_now(policy, key, 1) {
+        Some(decision) => decision.unwrap(),
+        None => server.check(policy, key, 1).await.unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_granted_against_the_callers_override() {
+    let (prefix, clock) = (unique_prefix("lease-override"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(100)).overridable();
+    let url = shared_url();
+    let servers = [
+        store(&url, &prefix, &clock, Some(leases())).await,
+        store(&url, &prefix, &clock, Some(leases())).await,
+    ];
+    let bob = Key::new("bob");
+    servers[0]
+        .set_override(&policy, &bob, &Override::new(per_minute(20)))
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    for i in 0..80 {
+        let d = decide(&servers[i % 2], &policy, &bob).await;
+        assert_eq!(d.limit, 20, "the override's limit, leased or not");
+        admitted += u64::from(d.allowed);
+    }
+    assert_eq!(admitted, 20);
+
+    // Clearing it through a server ends that server's lease first; the
+    // next window is judged by the policy's own limit.
+    servers[0].clear_override(&policy, &bob).await.unwrap();
+    clock.advance(Duration::from_secs(60));
+    let mut admitted = 0;
+    for i in 0..150 {
+        admitted += u64::from(decide(&servers[i % 2], &policy, &bob).await.allowed);
+    }
+    assert_eq!(admitted, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_through_a_server_gives_its_lease_back_and_refuses_the_caller() {
+    let (prefix, clock) = (unique_prefix("lease-block"), ManualClock::new(T0));
+    let minute = Duration::from_secs(60);
+    let penalty = PenaltyBox::new(NonZeroU32::new(3).unwrap(), minute, minute).unwrap();
+    let policy = Policy::fixed_window("core", per_minute(100)).with_penalty_box(penalty);
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let bob = Key::new("bob");
+    for _ in 0..4 {
+        assert!(decide(&server, &policy, &bob).await.allowed);
+    }
+    assert_eq!(
+        used_in_redis(&reader, &policy, &bob).await,
+        8,
+        "4 and a lease of 4"
+    );
+    server.block(&policy, &bob, minute).await.unwrap();
+    assert_eq!(
+        used_in_redis(&reader, &policy, &bob).await,
+        4,
+        "the lease went back"
+    );
+    let refused = decide(&server, &policy, &bob).await;
+    assert!(!refused.allowed && refused.blocked);
+    assert_eq!(refused.reset_at_micros, T0 + 60_000_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_in_hand_keeps_deciding_while_redis_is_paused_then_the_failure_policy_applies() {
+    let server = RedisServer::start();
+    let (prefix, clock) = (unique_prefix("lease-pause"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(1_000));
+    let leasing = store(&server.url(), &prefix, &clock, Some(leases())).await;
+    let reader = store(&server.url(), &prefix, &clock, None).await;
+    let app = app(
+        leasing.clone(),
+        &policy,
+        FailurePolicy::closed(Duration::from_secs(1)),
+        Duration::from_millis(100),
+    );
+    let bob = caller("bob");
+    for _ in 0..4 {
+        assert_eq!(hit(&app, "bob").await, StatusCode::OK);
+    }
+    let lease = used_in_redis(&reader, &policy, &bob).await - 4;
+    assert!(lease > 0);
+
+    server.pause_clients(Duration::from_millis(1_500));
+    for i in 0..lease {
+        assert_eq!(hit(&app, "bob").await, StatusCode::OK, "leased unit {i}");
+    }
+    // Spent: the next decision needs Redis, misses the deadline, and the
+    // failure policy (closed) answers.
+    assert_eq!(hit(&app, "bob").await, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcra_lease_decays_as_the_bucket_refills() {
+    let (prefix, clock) = (unique_prefix("lease-gcra"), ManualClock::new(T0));
+    // One unit every 10 ms, a bucket of 100.
+    let policy = Policy::gcra(
+        "gcra",
+        Quota::per_second(NonZeroU32::new(100).unwrap()),
+        NonZeroU32::new(100).unwrap(),
+    );
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let bob = Key::new("bob");
+    for _ in 0..4 {
+        assert!(server.check(&policy, &bob, 1).await.unwrap().allowed);
+    }
+    // The fourth took a lease of 4: spendable now, gone 4 emission
+    // intervals later (the bucket refilled them meanwhile).
+    assert!(server.check_now(&policy, &bob, 1).is_some());
+    clock.advance(Duration::from_millis(30));
+    assert!(server.check_now(&policy, &bob, 1).is_none(), "decayed");
+}
