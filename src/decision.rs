@@ -165,6 +165,32 @@ impl Decision {
         self.receipt.cost = 0;
         self
     }
+
+    /// The decision after its charge was settled to `actual` units: `used`
+    /// moves by the difference (never below zero), `remaining` follows and
+    /// never goes below zero, and the receipt now holds `actual`, so a
+    /// later settle or refund starts from there.
+    ///
+    /// ```
+    /// use tollgate::Decision;
+    /// let pass = Decision::allowed(10, 9, 60_000_000, 1_000_000)
+    ///     .with_receipt(tollgate::decision::Receipt::new(1, vec![60_000_000]));
+    /// let over = pass.clone().settled(4);
+    /// assert_eq!((over.used, over.remaining, over.receipt.cost()), (12, 0, 4));
+    /// let under = pass.settled(0);
+    /// assert_eq!((under.used, under.remaining), (8, 2));
+    /// ```
+    pub fn settled(mut self, actual: u64) -> Self {
+        let charged = self.receipt.cost;
+        self.used = if actual >= charged {
+            self.used.saturating_add(actual - charged)
+        } else {
+            self.used.saturating_sub(charged - actual)
+        };
+        self.remaining = self.limit.saturating_sub(self.used);
+        self.receipt.cost = actual;
+        self
+    }
 }
 
 /// Whose budget a quota is.
@@ -261,6 +287,15 @@ impl Receipt {
     /// Nothing to give back.
     pub fn is_empty(&self) -> bool {
         self.cost == 0
+    }
+
+    /// This receipt's stamps for `cost` units: what a settle down to
+    /// `self.cost - cost` gives back.
+    pub(crate) fn for_units(&self, cost: u64) -> Receipt {
+        Receipt {
+            cost,
+            stamps: self.stamps.clone(),
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
-use super::{Algorithm, Strategy};
+use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 use crate::policy::Policy;
@@ -101,6 +101,12 @@ impl Algorithm for UniformGate {
 
     fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
         validate(quotas)
+    }
+
+    /// A pass closes the gate for whole spans: a settle gives it back only
+    /// at an actual cost of zero (the refund), and otherwise keeps it.
+    fn settles(&self) -> Settles {
+        Settles::ToZero
     }
 
     fn decide(

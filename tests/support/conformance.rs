@@ -47,6 +47,8 @@ pub enum Op {
     Peek(&'static str),
     /// Refund the receipt of step number `n` (0-based) of this table.
     Refund(&'static str, usize),
+    /// Settle the receipt of step number `n` to an actual cost of `units`.
+    Settle(&'static str, usize, u64),
 }
 
 /// What the step must answer. Times are ms after `T0` (µs in a
@@ -63,12 +65,14 @@ pub enum Expect {
     },
     /// Rejected, retry after `retry_ms`, the window ending at `reset_ms`.
     Limited { reset_ms: u64, retry_ms: u64 },
-    /// No decision to check (refunds).
+    /// No decision to check (refunds, settles).
     Done,
+    /// The store refused the call (a settle with nothing to settle).
+    Refused,
 }
 
-pub use Expect::{Done, Limited, Pass, Wait};
-pub use Op::{Check, Peek, Refund};
+pub use Expect::{Done, Limited, Pass, Refused, Wait};
+pub use Op::{Check, Peek, Refund, Settle};
 
 /// [`Expect::Pass`] in one short line: `remaining` left, reset at `reset_ms`.
 pub const fn pass(remaining: u64, reset_ms: u64) -> Expect {
@@ -194,6 +198,22 @@ async fn run_step(
                 .refund(policy, &Key::new(key), &receipt)
                 .await
                 .unwrap();
+            None
+        }
+        Op::Settle(key, n, units) => {
+            let receipt: Receipt = seen[n]
+                .as_ref()
+                .expect("settle of a step with a decision")
+                .receipt
+                .clone();
+            let settled = backend
+                .store
+                .settle(policy, &Key::new(key), &receipt, units)
+                .await;
+            if let (Expect::Refused, Err(_)) = (expect, &settled) {
+                return None;
+            }
+            settled.unwrap();
             None
         }
     };

@@ -53,6 +53,19 @@ macro_rules! uniform_gate_rows {
                 (10_003, Refund("bob", 2), Done),
                 (10_004, Check("bob", 1), limited(20_002, 9_998)),
             ]),
+
+            // A pass closes the gate for whole spans: settled to zero it reopens
+            // (the refund); to any other cost it stays as charged.
+            settle_reopens_at_zero_only => Row::new(gate(10), [
+                (0, Check("sam", 1), pass(0, 10_000)),
+                (1, Settle("sam", 0, 3), Done),
+                (2, Check("sam", 1), limited(10_000, 9_998)),
+                (10_000, Check("sam", 2), pass(0, 30_000)),
+                (10_001, Settle("sam", 3, 1), Done),
+                (10_002, Check("sam", 1), limited(30_000, 19_998)),
+                (10_003, Settle("sam", 3, 0), Done),
+                (10_004, Check("sam", 1), pass(0, 20_004)),
+            ]),
         }
     };
 }
