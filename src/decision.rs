@@ -193,6 +193,43 @@ impl Decision {
     }
 }
 
+/// What a request really cost, in quota units, known once its response is
+/// done (tokens generated, bytes sent, rows scanned): a handler puts it in
+/// its response's extensions, and the layer settles the request's charge
+/// to it. The request was charged its estimate (the layer's
+/// [`cost`](crate::RateLimitLayerBuilder::cost), 1 by default) when it
+/// started; the difference is charged, or given back, in one store call,
+/// to the window the estimate was charged in. A request that overspends
+/// takes `X-RateLimit-Remaining` to 0, never below, and the caller is
+/// refused until the window frees enough. See
+/// [`Store::settle`](crate::Store::settle) for what each strategy does, and
+/// [`settle_cost`](crate::RateLimitLayerBuilder::settle_cost) to read the
+/// cost from the response head instead.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::num::NonZeroU32;
+/// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request};
+/// use axum::{response::IntoResponse, routing::get, Extension, Router};
+/// use tower::ServiceExt;
+/// use tollgate::{ActualCost, Policy, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::fixed_window("tokens", Quota::per_minute(NonZeroU32::new(100).unwrap())))
+///     .build() // charges the default estimate, 1, when a request starts
+///     .unwrap();
+/// let app = Router::new()
+///     .route("/complete", get(|| async { (Extension(ActualCost(30)), "30 tokens").into_response() }))
+///     .layer(layer)
+///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+///
+/// let res = app.oneshot(Request::get("/complete").body(Body::empty()).unwrap()).await.unwrap();
+/// assert_eq!(res.headers()["x-ratelimit-remaining"], "70"); // settled to 30
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ActualCost(pub u64);
+
 /// Whose budget a quota is.
 ///
 /// Most quotas are per caller ([`Scope::Consumer`]). A sliding log also has a

@@ -71,7 +71,7 @@ mod strategy;
 pub mod throttle;
 pub mod tier;
 
-pub use decision::Decision;
+pub use decision::{ActualCost, Decision};
 pub use error::{ConfigError, KeyError, StoreError};
 pub use failure::FailurePolicy;
 pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};

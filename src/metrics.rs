@@ -17,6 +17,7 @@
 //! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::throttle::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
 //! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
 //! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
+//! | [`tollgate_settled_units_total`](SETTLED_UNITS) | counter | `policy`, `direction` | units a response's actual cost ([`ActualCost`](crate::ActualCost)) charged beyond the estimate (`charged`) or gave back (`given_back`, refunded `304`s included), counted when the store took them |
 //!
 //! Store failures are logged by state, not by call: a warning when the
 //! store starts failing, an info line when it answers again; the counters
@@ -101,6 +102,16 @@ pub const SCRIPT_RELOADS: &str = "tollgate_script_reloads_total";
 /// ```
 #[cfg(feature = "metrics")]
 pub const REPLICA_FALLBACKS: &str = "tollgate_replica_fallbacks_total";
+
+/// Counter name: units a settle charged or gave back, by `policy` and
+/// `direction` (`charged`: the response cost more than was charged when
+/// the request started; `given_back`: less, a refunded `304` included).
+///
+/// ```
+/// assert_eq!(tollgate::metrics::SETTLED_UNITS, "tollgate_settled_units_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const SETTLED_UNITS: &str = "tollgate_settled_units_total";
 
 /// Histogram buckets (seconds) suited to [`STORE_LATENCY`]: 100 µs to 1 s,
 /// dense around the default 100 ms deadline. Prometheus exporters render
@@ -195,6 +206,11 @@ pub fn describe() {
         REPLICA_FALLBACKS,
         Unit::Count,
         "Read-only rate limit calls a replica failed, asked of the primary"
+    );
+    describe_counter!(
+        SETTLED_UNITS,
+        Unit::Count,
+        "Units charged or given back when a response settled its request's cost, by policy and direction"
     );
     describe_gauge!(
         ACTIVE_CALLERS,
@@ -388,6 +404,26 @@ pub(crate) fn local_cache_hit(policy: &Policy) {
     ::metrics::counter!(LOCAL_CACHE_HITS, "policy" => policy.shared_name().clone()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = policy;
+}
+
+/// Counts what settling a request to its actual cost moved: `actual`
+/// units against `charged` when the request started. Nothing when equal.
+#[inline]
+pub(crate) fn settled(policy: &Policy, charged: u64, actual: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        let (direction, units) = if actual >= charged {
+            ("charged", actual - charged)
+        } else {
+            ("given_back", charged - actual)
+        };
+        if units > 0 {
+            ::metrics::counter!(SETTLED_UNITS, "policy" => policy.shared_name().clone(), "direction" => direction)
+                .increment(units);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, charged, actual);
 }
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
