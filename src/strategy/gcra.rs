@@ -11,7 +11,9 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use super::fixed_window::{signed, EXPIRY_GRACE_MICROS};
+#[cfg(feature = "redis")]
+use super::fixed_window::signed;
+use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};

@@ -16,6 +16,7 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+#[cfg(feature = "redis")]
 use super::fixed_window::signed;
 use super::{Algorithm, Strategy};
 use crate::decision::{Decision, Receipt};
