@@ -1,5 +1,6 @@
-//! Random request traces replayed into the memory store and into Redis give
-//! identical decisions, for every strategy: the property behind the
+//! Random request traces (checks, peeks, refunds and settles) replayed
+//! into the memory store and into Redis give identical decisions, for every
+//! strategy: the property behind the
 //! conformance tables, searched by proptest.
 
 mod support;
@@ -75,6 +76,11 @@ enum Op {
     Refund {
         pick: usize,
     },
+    /// Settle the receipt of an earlier step to `actual` units.
+    Settle {
+        pick: usize,
+        actual: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -83,6 +89,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, cost)| Op::Check { key, cost }),
         1 => (0..3u8).prop_map(|key| Op::Peek { key }),
         2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
+        2 => (any::<usize>(), 0..8u64).prop_map(|(pick, actual)| Op::Settle { pick, actual }),
     ]
 }
 
@@ -147,6 +154,15 @@ async fn replay(start: u64, steps: &[(u64, Op)]) -> Result<(), TestCaseError> {
                         None
                     }
                     Op::Refund { .. } => None,
+                    Op::Settle { pick, actual } if !receipts[s].is_empty() => {
+                        let (key, receipt) = &receipts[s][pick % receipts[s].len()];
+                        let settled = store.settle(&policy, key, receipt, actual).await;
+                        // Slots are held, not spent: both stores refuse.
+                        let refused = policy.name() == "concurrency";
+                        prop_assert_eq!(settled.is_err(), refused, "{:?}", settled);
+                        None
+                    }
+                    Op::Settle { .. } => None,
                 };
                 answers.push(answer.map(|d| comparable(&policy, d)));
             }

@@ -117,7 +117,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// when `actual` is more, without checking the limit (the units were
     /// spent; the caller is refused until the window frees enough). Either
     /// way only to what the receipt charged (its stamps: the same window,
-    /// never a newer one), never below zero. One store call; on Redis one
+    /// never a newer one), never below zero; a rejection's receipt charged
+    /// nothing and settles nothing. One store call; on Redis one
     /// `EVALSHA` of the strategy's refund script, and none when `actual`
     /// is what was charged.
     ///

@@ -271,6 +271,27 @@ impl Algorithm for SlidingLog {
         Settles::GiveBack
     }
 
+    /// Keeps `actual` of the pass's entries in each log, as the Redis
+    /// settle keeps its units before `actual`.
+    fn settle(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        actual: u64,
+    ) {
+        let (&[at, id], true) = (receipt.stamps(), actual < receipt.cost()) else {
+            return;
+        };
+        for k in keys.iter() {
+            if let Some(State::Log(log)) = shard.get_mut(k, now) {
+                log.keep(at, id, actual);
+            }
+        }
+    }
+
     /// The entries of units `actual` and after, so that a later refund of
     /// the settled receipt (units before `actual`) finds its own.
     #[cfg(feature = "redis")]

@@ -196,7 +196,8 @@ impl MemoryStore {
         if let Some(refused) = policy.strategy().settle_refused() {
             return Err(refused);
         }
-        if actual == receipt.cost() {
+        // A rejection's receipt names nothing: it charged nothing.
+        if actual == receipt.cost() || receipt.stamps().is_empty() {
             return Ok(());
         }
         let algorithm = policy.strategy().algorithm();

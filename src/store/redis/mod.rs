@@ -371,6 +371,10 @@ impl RedisStore {
         if let Some(refused) = policy.strategy().settle_refused() {
             return Err(refused);
         }
+        // A rejection's receipt names nothing: it charged nothing.
+        if receipt.stamps().is_empty() {
+            return Ok(());
+        }
         let algorithm = policy.strategy().algorithm();
         let call = algorithm.settle_call(policy, self.now_int(), receipt, actual);
         let (script, args) = match call {

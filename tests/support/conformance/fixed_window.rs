@@ -132,6 +132,9 @@ macro_rules! fixed_window_rows {
                 (7, Settle("sam", 6, 20), Done),
                 (8, Peek("sam"), limited(10_000, 9_992)),
                 (9, Check("sam", 1), limited(10_000, 9_991)),
+                // Regression (proptest): a rejection's receipt names no window;
+                // settling it charges nothing, and no script errs.
+                (10, Settle("sam", 9, 5), Done),
                 (10_000, Check("sam", 1), pass(9, 20_000)),
                 // A settle for the window that ended changes nothing now.
                 (10_001, Settle("sam", 6, 50), Done),
