@@ -7,7 +7,7 @@
 //! decision is the fixed window's, over windows whose ends are aligned.
 
 use super::fixed_window;
-use super::Algorithm;
+use super::{Algorithm, Settles};
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
 use crate::policy::Strategy;
@@ -102,6 +102,11 @@ impl Algorithm for AlignedWindow {
     ) {
         let units = fixed_window::signed(receipt.cost());
         fixed_window::give_back_windows(shard, keys, now, receipt, units);
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
     }
 
     /// Charged to the windows the pass was charged in, while they last.

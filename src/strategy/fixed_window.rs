@@ -2,7 +2,7 @@
 //!
 //! Mirrors `lua/fixed_window.lua` line for line; change both together.
 
-use super::Algorithm;
+use super::{Algorithm, Settles};
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
 use crate::policy::Strategy;
@@ -249,6 +249,11 @@ impl Algorithm for FixedWindow {
         receipt: &Receipt,
     ) {
         give_back_windows(shard, keys, now, receipt, signed(receipt.cost()));
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
     }
 
     /// Charged to the windows the pass was charged in, while they last.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::fixed_window::signed;
 use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
-use super::{Algorithm, Strategy};
+use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 use crate::policy::Policy;
@@ -203,6 +203,11 @@ impl Algorithm for Gcra {
             refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
             *at = tat.unwrap_or(*at);
         }
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
     }
 
     fn charge_more(

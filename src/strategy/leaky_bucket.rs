@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 #[cfg(feature = "redis")]
 use super::fixed_window::signed;
-use super::{Algorithm, Strategy};
+use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 #[cfg(feature = "redis")]
@@ -215,6 +215,11 @@ impl Algorithm for LeakyBucket {
             refund(&mut next_free, stamp, receipt.cost(), interval, now);
             *t = next_free.unwrap_or(*t);
         }
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
     }
 
     fn charge_more(

@@ -252,9 +252,12 @@ pub(crate) trait Algorithm: Sync {
         receipt: &Receipt,
     );
 
-    /// What settling a pass to its actual cost can do under this strategy.
+    /// What settling a pass to its actual cost can do under this strategy:
+    /// by default give back; a strategy that charges an overspend
+    /// ([`charge_more`](Self::charge_more) and
+    /// [`charge_more_call`](Self::charge_more_call)) says [`Settles::Both`].
     fn settles(&self) -> Settles {
-        Settles::Both
+        Settles::GiveBack
     }
 
     /// The memory store's settle of `receipt` to `actual` units, under the

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::fixed_window::signed;
 use super::fixed_window::EXPIRY_GRACE_MICROS;
-use super::Algorithm;
+use super::{Algorithm, Settles};
 
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
@@ -320,6 +320,11 @@ impl Algorithm for SlidingWindow {
         receipt: &Receipt,
     ) {
         move_counters(policy, shard, keys, now, receipt, signed(receipt.cost()));
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
     }
 
     /// Charged to the windows the pass was charged in, current or previous.
