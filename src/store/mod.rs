@@ -122,14 +122,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `EVALSHA` of the strategy's refund script, and none when `actual`
     /// is what was charged.
     ///
-    /// By strategy: the fixed, aligned and sliding windows, GCRA and the
-    /// leaky bucket settle both ways; the sliding log gives back but does
-    /// not charge more (its entries, one per unit, are bounded by its
-    /// limit); the uniform gate gives its pass back at an actual cost of
-    /// zero and otherwise keeps it as charged (it closes for whole spans);
-    /// the concurrency limit holds slots rather than spending them, and
-    /// answers a [`Rejected`](crate::error::StoreErrorKind::Rejected)
-    /// error.
+    /// By strategy: the fixed, aligned and sliding windows, GCRA, the leaky
+    /// bucket and the uniform gate (closed for as many spans as the actual
+    /// cost, from when the pass came) settle both ways; the sliding log
+    /// gives back but does not charge more (its entries, one per unit, are
+    /// bounded by its limit); the concurrency limit holds slots rather than
+    /// spending them, and answers a
+    /// [`Rejected`](crate::error::StoreErrorKind::Rejected) error.
     ///
     /// The default gives back through [`refund`](Store::refund) and
     /// refuses to charge more: a store of yours that cannot says so rather

@@ -163,10 +163,6 @@ pub(crate) enum Settles {
     /// charge is not charged (the sliding log: its entries are one per
     /// unit, bounded by its limit).
     GiveBack,
-    /// Gives the whole charge back at an actual cost of zero (the refund),
-    /// and otherwise keeps it as charged (the uniform gate: a pass closes
-    /// it for whole spans).
-    ToZero,
     /// Nothing to settle: what a pass holds is given back when its
     /// response ends (the concurrency limit).
     Nothing,
@@ -275,7 +271,6 @@ pub(crate) trait Algorithm: Sync {
         let charged = receipt.cost();
         match (actual.cmp(&charged), self.settles()) {
             (_, Settles::Nothing) | (std::cmp::Ordering::Equal, _) => {}
-            (std::cmp::Ordering::Less, Settles::ToZero) if actual > 0 => {}
             (std::cmp::Ordering::Less, _) => {
                 let back = receipt.for_units(charged - actual);
                 self.give_back(policy, shard, keys, now, &back);
@@ -338,7 +333,6 @@ pub(crate) trait Algorithm: Sync {
         let charged = receipt.cost();
         match (actual.cmp(&charged), self.settles()) {
             (_, Settles::Nothing) | (std::cmp::Ordering::Equal, _) => None,
-            (std::cmp::Ordering::Less, Settles::ToZero) if actual > 0 => None,
             (std::cmp::Ordering::Less, _) => {
                 let back = receipt.for_units(charged - actual);
                 Some(self.give_back_call(policy, now, &back))

@@ -372,7 +372,7 @@ impl RedisStore {
             return Err(refused);
         }
         // A rejection's receipt names nothing: it charged nothing.
-        if receipt.stamps().is_empty() {
+        if actual == receipt.cost() || receipt.stamps().is_empty() {
             return Ok(());
         }
         let algorithm = policy.strategy().algorithm();
