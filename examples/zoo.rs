@@ -71,6 +71,12 @@
 //! - `POST /login`: `X-Password: stripes` logs in; only failed attempts are
 //!   counted, `ZOO_LOGIN_FAILURES` (3) per `ZOO_LOGIN_WINDOW_SECS` (60) per
 //!   caller, with the `RateLimiter` handle (`zoo_parts/accounts.rs`).
+//! - `GET /penalty/tigerfeeding`: `ZOO_PENALTY_LIMIT` (3) per
+//!   `ZOO_PENALTY_WINDOW_SECS` (10) per caller; after `ZOO_PENALTY_STRIKES`
+//!   (3) rejections, blocked for `ZOO_PENALTY_BLOCK_SECS` (30).
+//! - `PUT|DELETE /admin/limits?ip=..` or `?api_key=..`: `{"limit": N}` (and
+//!   `"until"`, Unix seconds) overrides `/tigerfeeding`'s quota for that
+//!   caller; `DELETE` clears it. Bearer `ZOO_ADMIN_TOKEN`.
 //! - `POST /admin/reset?ip=..` or `?api_key=..`: resets that caller in every
 //!   limit (the operator's unblock), with `Authorization: Bearer` and the
 //!   token in `ZOO_ADMIN_TOKEN`; off without one.
@@ -303,12 +309,13 @@ async fn build(settings: &Settings) -> Result<Router, String> {
 
     let tiger_limit = RateLimitLayer::builder()
         .headers(dialect())
-        .policy(Policy::fixed_window("tigerfeeding", settings.quota))
+        .policy(Policy::fixed_window("tigerfeeding", settings.quota).overridable())
         .shared_store(store.clone())
         .key(key.clone())
         .build()
         .map_err(|e| e.to_string())?;
 
+    let tiger_limiter = tiger_limit.limiter();
     let instant = instant::routes(&settings.instant, store.clone(), key.clone())?;
     let holding = holding::routes(
         &settings.holding,
@@ -379,6 +386,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         store.clone(),
         key.clone(),
         resettable,
+        tiger_limiter,
     )?);
     Ok(router
         .route("/rate_limit", get(rate_limit))

@@ -5,6 +5,11 @@
 #
 #   scripts/script_cost.sh                 # the scripts in lua/sent/
 #   scripts/script_cost.sh dbd40f5 HEAD    # each commit's lua/sent/, side by side
+#   CS_CALLER=override scripts/script_cost.sh   # an overridable policy's scripts
+#                                               # (lua/caller.lua), a caller without an override
+#   CS_CALLER=overridden ...                    # the same, the caller with one
+#   CS_CALLER=penalty ...                       # a penalty box, the caller never struck
+#   CS_STRATEGIES="fixed_window gcra" ...       # only these
 #
 # For every strategy: a lone decision (EVALSHA of lua/sent/<strategy>.lua),
 # its peek (the no-writes twin, unflagged so any server runs it), and a
@@ -71,7 +76,24 @@ declare -A ARGS=(
   [concurrency]="-1 1 1000000000 60000000 42"
   [sliding_log]="-1 1 42 1000000000 1000 1000000000 1000"
 )
-strategies="fixed_window aligned_window sliding_window gcra leaky_bucket uniform_gate concurrency sliding_log"
+strategies=${CS_STRATEGIES:-"fixed_window aligned_window sliding_window gcra leaky_bucket uniform_gate concurrency sliding_log"}
+
+# Where each strategy's quota arguments start (1-based): what an override
+# replaces, in lua/caller.lua's `at`.
+declare -A AT=(
+  [fixed_window]=3 [aligned_window]=3 [sliding_window]=3 [gcra]=3
+  [leaky_bucket]=3 [uniform_gate]=3 [concurrency]=3 [sliding_log]=4
+)
+# How many there are.
+declare -A QN=(
+  [fixed_window]=2 [aligned_window]=2 [sliding_window]=2 [gcra]=2
+  [leaky_bucket]=2 [uniform_gate]=1 [concurrency]=2 [sliding_log]=4
+)
+caller=${CS_CALLER:-}
+case "$caller" in
+  "" | override | overridden | penalty) ;;
+  *) echo "script_cost.sh: CS_CALLER is override, overridden or penalty" >&2; exit 2 ;;
+esac
 
 printf '%-16s' strategy
 for rev in "${revs[@]}"; do printf '%12s %12s %12s' "lone@$rev" "peek@$rev" "batch@$rev"; done
@@ -82,11 +104,30 @@ for s in $strategies; do
   keys=()
   for i in $(seq "$nk"); do keys+=("cost:{$s}:$i"); done
   read -ra args <<<"${ARGS[$s]}"
+  name=$s
+  if [ -n "$caller" ]; then
+    name=${s}_caller
+    case "$caller" in
+      override | overridden)
+        keys+=("cost:{$s}:override")
+        args+=("${AT[$s]}") ;;
+      penalty)
+        keys+=("cost:{$s}:penalty")
+        args+=(3 1000000000 1000000000 1000000000 -1) ;;
+    esac
+    nk=${#keys[@]}
+  fi
   for rev in "${revs[@]}"; do
-    lone=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "$s.lua")")
-    peek=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${s}_peek.noflags.lua")")
-    batch=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${s}_batch.lua")")
+    lone=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "$name.lua")")
+    peek=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${name}_peek.noflags.lua")")
+    batch=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${name}_batch.lua")")
     redis-cli -p "$port" FLUSHALL >/dev/null
+    if [ "$caller" = overridden ]; then
+      # The strategy's own quota arguments again: the same decisions, read
+      # from the override.
+      quota_args=("${args[@]:$((AT[$s] - 1)):${QN[$s]}}")
+      redis-cli -p "$port" SET "cost:{$s}:override" "0 ${quota_args[*]}|0 1 1" >/dev/null
+    fi
     a=$(measure 1 EVALSHA "$lone" "$nk" "${keys[@]}" "${args[@]}")
     b=$(measure 1 EVALSHA "$peek" "$nk" "${keys[@]}" "${args[@]}")
     # Ten decisions of one caller: the first with its keys and arguments,

@@ -50,6 +50,9 @@ pub struct Decision {
     /// the main store failed; the response says so with
     /// `X-RateLimit-Fallback: local`.
     pub fallback: bool,
+    /// Refused by the policy's [penalty box](crate::PenaltyBox): the
+    /// caller is blocked until `reset_at_micros`, whatever its counters say.
+    pub blocked: bool,
 }
 
 impl Decision {
@@ -77,6 +80,7 @@ impl Decision {
             scope: Scope::Consumer,
             receipt: Receipt::default(),
             fallback: false,
+            blocked: false,
         }
     }
 
@@ -101,7 +105,29 @@ impl Decision {
             scope: Scope::Consumer,
             receipt: Receipt::default(),
             fallback: false,
+            blocked: false,
         }
+    }
+
+    /// This rejection as a [penalty box](crate::PenaltyBox)'s: blocked
+    /// until `until` (µs), which is then its reset and its retry.
+    ///
+    /// ```
+    /// use tollgate::Decision;
+    /// let d = Decision::rejected(5, 5, 2_000_000, 1_000_000, 1_000_000).blocked_until(31_000_000);
+    /// assert!(d.blocked && !d.allowed);
+    /// assert_eq!(d.retry_after_secs(), Some(30));
+    /// ```
+    pub fn blocked_until(mut self, until: u64) -> Self {
+        self.allowed = false;
+        self.blocked = true;
+        self.remaining = 0;
+        self.used = self.used.min(self.limit);
+        self.reset_at_micros = until;
+        self.retry_after = Some(Duration::from_micros(until.saturating_sub(self.now_micros)));
+        self.receipt = Receipt::default();
+        self.delay = None;
+        self
     }
 
     /// Says which quota (0-based) these numbers describe.

@@ -239,6 +239,25 @@ pub enum ConfigError {
     },
     /// `Throttle::start` was called outside a Tokio runtime.
     NoRuntime,
+    /// A [`PenaltyBox`](crate::PenaltyBox) out of bounds.
+    PenaltyBox {
+        /// What is wrong.
+        why: String,
+    },
+    /// An [`Override`](crate::Override) the policy cannot take.
+    Override {
+        /// The policy.
+        policy: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Quotas from the request with bounds that hold no limit.
+    RequestLimits {
+        /// The lowest limit allowed.
+        min: u32,
+        /// The highest.
+        max: u32,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -354,6 +373,12 @@ impl fmt::Display for ConfigError {
                 "the filters would take {} MiB; lower the capacity, the slots or raise the false positive rate",
                 bytes >> 20
             ),
+            PenaltyBox { why } => write!(f, "penalty box: {why}"),
+            Override { policy, why } => write!(f, "override for policy {policy:?}: {why}"),
+            RequestLimits { min, max } => write!(
+                f,
+                "limits from the request must lie in 1..=u32::MAX with min <= max, got {min}..={max}"
+            ),
             NoRuntime => f.write_str("Throttle::start needs a Tokio runtime"),
         }
     }
@@ -400,6 +425,60 @@ impl fmt::Display for KeyError {
 }
 
 impl StdError for KeyError {}
+
+/// Why an operator's change through a [`RateLimiter`](crate::RateLimiter)
+/// (an override, a block) was not made: it was invalid, and nothing was
+/// stored, or the store failed.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use tollgate::error::AdminError;
+/// use tollgate::{ConfigError, Key, MemoryStore, Override, Policy, Quota, RateLimiter};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let q = Quota::per_hour(NonZeroU32::new(10).unwrap());
+/// let limiter = RateLimiter::new(Policy::fixed_window("api", q), MemoryStore::new()).unwrap();
+/// let err = limiter.set_override(&Key::new("ann"), Override::new(q)).await.unwrap_err();
+/// assert!(matches!(err, AdminError::Invalid(ConfigError::Override { .. })));
+/// # }
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The change does not fit the policy; nothing was stored.
+    Invalid(ConfigError),
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl fmt::Display for AdminError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdminError::Invalid(e) => e.fmt(f),
+            AdminError::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl StdError for AdminError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            AdminError::Invalid(e) => Some(e),
+            AdminError::Store(e) => Some(e),
+        }
+    }
+}
+
+impl From<ConfigError> for AdminError {
+    fn from(e: ConfigError) -> Self {
+        AdminError::Invalid(e)
+    }
+}
+
+impl From<StoreError> for AdminError {
+    fn from(e: StoreError) -> Self {
+        AdminError::Store(e)
+    }
+}
 
 /// Why [`RateLimitLayer::peek`](crate::RateLimitLayer::peek) has no answer.
 #[derive(Debug)]

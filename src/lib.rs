@@ -59,6 +59,8 @@ mod local;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+mod overrides;
+mod penalty;
 mod policy;
 #[cfg(feature = "queue")]
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
@@ -74,10 +76,12 @@ pub mod throttle;
 pub mod tier;
 
 pub use decision::{ActualCost, Decision};
-pub use error::{ConfigError, KeyError, StoreError};
+pub use error::{AdminError, ConfigError, KeyError, StoreError};
 pub use failure::FailurePolicy;
 pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use overrides::Override;
+pub use penalty::PenaltyBox;
 pub use policy::{Policy, Strategy};
 pub use quota::Quota;
 pub use rate_limiter::RateLimiter;

@@ -18,6 +18,8 @@
 //! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
 //! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
 //! | [`tollgate_settled_units_total`](SETTLED_UNITS) | counter | `policy`, `direction` | units a response's actual cost ([`ActualCost`](crate::ActualCost)) charged beyond the estimate (`charged`) or gave back (`given_back`, refunded `304`s included), counted when the store took them |
+//! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
+//! | [`tollgate_blocks_total`](BLOCKS) | counter | `policy`, `by` | blocks a [penalty box](crate::PenaltyBox) started, `by` the caller's `strikes` or an `operator` |
 //!
 //! Store failures are logged by state, not by call: a warning when the
 //! store starts failing, an info line when it answers again; the counters
@@ -52,6 +54,22 @@ use crate::policy::Policy;
 /// ```
 #[cfg(feature = "metrics")]
 pub const DECISIONS: &str = "tollgate_decisions_total";
+
+/// Counter name: overrides set or cleared, by `policy` and `change`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::OVERRIDES, "tollgate_overrides_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const OVERRIDES: &str = "tollgate_overrides_total";
+
+/// Counter name: penalty-box blocks started, by `policy` and `by`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::BLOCKS, "tollgate_blocks_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const BLOCKS: &str = "tollgate_blocks_total";
 
 /// Counter name: failed store calls by `policy` and `kind`.
 ///
@@ -211,6 +229,16 @@ pub fn describe() {
         SETTLED_UNITS,
         Unit::Count,
         "Units charged or given back when a response settled its request's cost, by policy and direction"
+    );
+    describe_counter!(
+        OVERRIDES,
+        Unit::Count,
+        "Per-caller quota overrides set or cleared by an operator"
+    );
+    describe_counter!(
+        BLOCKS,
+        Unit::Count,
+        "Penalty-box blocks started, by the caller's strikes or an operator"
     );
     describe_gauge!(
         ACTIVE_CALLERS,
@@ -454,6 +482,26 @@ pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
     let _ = (policy, estimate);
 }
 
+/// Counts an operator's change to an override: `set` or `cleared`.
+#[inline]
+pub(crate) fn override_changed(policy: &Policy, change: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(OVERRIDES, "policy" => policy.shared_name().clone(), "change" => change)
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, change);
+}
+
+/// Counts a penalty-box block started, `by` the caller's `strikes` or an
+/// `operator`.
+#[inline]
+pub(crate) fn block_started(policy: &Policy, by: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(BLOCKS, "policy" => policy.shared_name().clone(), "by" => by).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, by);
+}
+
 #[cfg(all(test, feature = "metrics"))]
 mod tests {
     use std::num::NonZeroU32;
@@ -497,6 +545,60 @@ mod tests {
                     DebugValue::Gauge(42.0.into())
                 ),
                 (LOCAL_CACHE_HITS.to_owned(), core, DebugValue::Counter(2)),
+            ]
+        );
+    }
+
+    #[test]
+    fn overrides_and_blocks_are_counted_by_policy_and_cause() {
+        use crate::key::Key;
+        use crate::penalty::PenaltyBox;
+        use crate::store::{MemoryStore, Store};
+        use std::time::Duration;
+
+        let one = NonZeroU32::new(1).unwrap();
+        let penalty =
+            PenaltyBox::new(one, Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+        let policy =
+            Policy::fixed_window("login", Quota::per_minute(one)).with_penalty_box(penalty);
+        let store = MemoryStore::new();
+        let eve = Key::new("eve");
+        let recorder = DebuggingRecorder::new();
+        ::metrics::with_local_recorder(&recorder, || {
+            override_changed(&policy, "set");
+            for _ in 0..3 {
+                // A pass, the rejection that starts the block, a refusal.
+                store.check_now(&policy, &eve, 1).unwrap().unwrap();
+            }
+        });
+        let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()));
+                (key.key().name().to_owned(), labels.collect(), value)
+            })
+            .collect();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let labels = |more: &str| vec!["policy=login".to_owned(), more.to_owned()];
+        assert_eq!(
+            seen,
+            vec![
+                (
+                    BLOCKS.to_owned(),
+                    labels("by=strikes"),
+                    DebugValue::Counter(1)
+                ),
+                (
+                    OVERRIDES.to_owned(),
+                    labels("change=set"),
+                    DebugValue::Counter(1)
+                ),
             ]
         );
     }

@@ -6,6 +6,7 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use crate::penalty::PenaltyBox;
 use crate::quota::Quota;
 
 /// Which algorithm a [`Policy`] uses.
@@ -161,6 +162,8 @@ pub struct Policy {
     name: Arc<str>,
     strategy: Strategy,
     quotas: Arc<[Quota]>,
+    overridable: bool,
+    penalty: Option<PenaltyBox>,
 }
 
 impl Policy {
@@ -179,6 +182,8 @@ impl Policy {
             name: name.into(),
             strategy,
             quotas: Arc::from([quota]),
+            overridable: false,
+            penalty: None,
         }
     }
 
@@ -209,5 +214,78 @@ impl Policy {
     /// The quotas, in the order they were given.
     pub fn quotas(&self) -> &[Quota] {
         &self.quotas
+    }
+
+    /// Lets an operator give single callers quotas of their own at runtime
+    /// ([`RateLimiter::set_override`](crate::RateLimiter::set_override)).
+    /// Each decision then also reads the caller's override: on Redis one
+    /// `GET` more inside the same script call, in its hash slot.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    /// let q = Quota::per_hour(NonZeroU32::new(100).unwrap());
+    /// assert!(Policy::fixed_window("api", q).overridable().is_overridable());
+    /// assert!(!Policy::fixed_window("api", q).is_overridable());
+    /// ```
+    pub fn overridable(self) -> Self {
+        Self {
+            overridable: true,
+            ..self
+        }
+    }
+
+    /// Whether callers may have quotas of their own.
+    pub fn is_overridable(&self) -> bool {
+        self.overridable
+    }
+
+    /// Refuses a caller for a while after repeated rejections: see
+    /// [`PenaltyBox`]. On Redis each decision also reads the caller's
+    /// entry (`HMGET`), and a rejection writes it (`HSET` + `PEXPIRE`),
+    /// inside the same script call.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{PenaltyBox, Policy, Quota};
+    /// let q = Quota::per_minute(NonZeroU32::new(5).unwrap());
+    /// let b = PenaltyBox::new(NonZeroU32::MIN, Duration::from_secs(60), Duration::from_secs(600)).unwrap();
+    /// assert!(Policy::fixed_window("login", q).with_penalty_box(b).penalty_box().is_some());
+    /// ```
+    pub fn with_penalty_box(self, penalty: PenaltyBox) -> Self {
+        Self {
+            penalty: Some(penalty),
+            ..self
+        }
+    }
+
+    /// The penalty box, if the policy has one.
+    pub fn penalty_box(&self) -> Option<&PenaltyBox> {
+        self.penalty.as_ref()
+    }
+
+    /// Whether a decision reads the caller's own rules (an override, the
+    /// penalty box) besides its counters.
+    pub(crate) fn has_caller_rules(&self) -> bool {
+        self.overridable || self.penalty.is_some()
+    }
+
+    /// This policy judging by `quotas` instead (an override, a quota that
+    /// came with the request): the same name, so the same state. On GCRA
+    /// and the leaky bucket quota 0's limit is also the burst (capacity).
+    pub(crate) fn with_quotas(&self, quotas: Arc<[Quota]>) -> Self {
+        let first = quotas.first().map(|q| q.limit());
+        let strategy = match (&self.strategy, first.and_then(NonZeroU32::new)) {
+            (Strategy::Gcra { .. }, Some(burst)) => Strategy::Gcra { burst },
+            (Strategy::LeakyBucket { .. }, Some(capacity)) => Strategy::LeakyBucket { capacity },
+            (other, _) => other.clone(),
+        };
+        Self {
+            name: self.name.clone(),
+            strategy,
+            quotas,
+            overridable: self.overridable,
+            penalty: self.penalty,
+        }
     }
 }

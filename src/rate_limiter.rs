@@ -7,11 +7,12 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use crate::decision::Decision;
-use crate::error::{ConfigError, KeyError, StoreError};
+use crate::error::{AdminError, ConfigError, KeyError, StoreError};
 use crate::failure::FailurePolicy;
 use crate::key::Key;
 use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
+use crate::overrides::Override;
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -293,6 +294,208 @@ impl RateLimiter {
         core.forget(key);
         result
     }
+}
+
+/// The operator's side: a caller's own quotas and the penalty box.
+impl RateLimiter {
+    /// Gives `key` quotas of its own (see [`Override`]), which beat the
+    /// policy's, a tier's and a quota that came with the request, on every
+    /// app server at its next decision. The policy must be
+    /// [overridable](Policy::overridable). On Redis two calls: a `SET` of
+    /// the caller's override key, then an `HSET` of the policy's list. This
+    /// server's cache of rejections and fallback forget the key; another
+    /// server's cache keeps a rejection of an overridable policy at most a
+    /// second, so a raised limit lets the caller through there within a
+    /// second.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Invalid`] when the policy is not overridable or the
+    /// override does not fit it (nothing is stored); the store's error.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Override, Policy, Quota, RateLimiter};
+    /// let hourly = |n| Quota::per_hour(NonZeroU32::new(n).unwrap());
+    /// let policy = Policy::fixed_window("api", hourly(100)).overridable();
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// let acme = Key::new("acme");
+    /// limiter.set_override(&acme, Override::new(hourly(5_000))).await.unwrap();
+    /// assert_eq!(limiter.check(&acme, 1).await.unwrap().limit, 5_000);
+    /// # }
+    /// ```
+    pub async fn set_override(&self, key: &Key, quotas: Override) -> Result<(), AdminError> {
+        let core = &*self.core;
+        let policy = &core.config.policy;
+        check_override(policy, &quotas)?;
+        let set = core.config.store.set_override(policy, key, &quotas);
+        core.within_deadline(set).await.0?;
+        crate::metrics::override_changed(policy, "set");
+        if let FailurePolicy::Local(local) = &core.config.failure {
+            // Best effort: the fallback only matters during an outage.
+            let _ = core
+                .within_deadline(local.set_override(policy, key, &quotas))
+                .await;
+        }
+        core.forget(key);
+        Ok(())
+    }
+
+    /// `key`'s override, if one is in force. On Redis one `GET`.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, RateLimiter};
+    /// let policy = Policy::fixed_window("api", Quota::per_hour(NonZeroU32::new(100).unwrap())).overridable();
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// assert_eq!(limiter.get_override(&Key::new("acme")).await.unwrap(), None);
+    /// # }
+    /// ```
+    pub async fn get_override(&self, key: &Key) -> Result<Option<Override>, StoreError> {
+        let core = &*self.core;
+        let get = core.config.store.get_override(&core.config.policy, key);
+        core.within_deadline(get).await.0
+    }
+
+    /// Removes `key`'s override: the policy's quotas judge it again at its
+    /// next decision. `true` if one was in force. On Redis a `GET`, a
+    /// `DEL` and an `HDEL`.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Override, Policy, Quota, RateLimiter};
+    /// let hourly = |n| Quota::per_hour(NonZeroU32::new(n).unwrap());
+    /// let limiter = RateLimiter::new(Policy::fixed_window("api", hourly(100)).overridable(), MemoryStore::new()).unwrap();
+    /// let acme = Key::new("acme");
+    /// limiter.set_override(&acme, Override::new(hourly(5))).await.unwrap();
+    /// assert!(limiter.clear_override(&acme).await.unwrap());
+    /// assert_eq!(limiter.check(&acme, 1).await.unwrap().limit, 100);
+    /// # }
+    /// ```
+    pub async fn clear_override(&self, key: &Key) -> Result<bool, StoreError> {
+        let core = &*self.core;
+        let policy = &core.config.policy;
+        let clear = core.config.store.clear_override(policy, key);
+        let cleared = core.within_deadline(clear).await.0?;
+        crate::metrics::override_changed(policy, "cleared");
+        if let FailurePolicy::Local(local) = &core.config.failure {
+            let _ = core
+                .within_deadline(local.clear_override(policy, key))
+                .await;
+        }
+        core.forget(key);
+        Ok(cleared)
+    }
+
+    /// Every override in force under this policy, by caller (its key as
+    /// stored). On Redis one `HGETALL` of the policy's list.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Override, Policy, Quota, RateLimiter};
+    /// let hourly = |n| Quota::per_hour(NonZeroU32::new(n).unwrap());
+    /// let limiter = RateLimiter::new(Policy::fixed_window("api", hourly(100)).overridable(), MemoryStore::new()).unwrap();
+    /// limiter.set_override(&Key::new("acme"), Override::new(hourly(5))).await.unwrap();
+    /// let all = limiter.list_overrides().await.unwrap();
+    /// assert_eq!(all, vec![(Key::new("acme"), Override::new(hourly(5)))]);
+    /// # }
+    /// ```
+    pub async fn list_overrides(&self) -> Result<Vec<(Key, Override)>, StoreError> {
+        let core = &*self.core;
+        let list = core.config.store.list_overrides(&core.config.policy);
+        core.within_deadline(list).await.0
+    }
+
+    /// Refuses `key` for `block` (1 ms to a year) on every app server, as
+    /// the policy's [penalty box](crate::PenaltyBox) would;
+    /// [`reset`](Self::reset) lets it out. On Redis one `EVALSHA` (`HSET`
+    /// and `PEXPIRE`).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Invalid`] when the policy has no penalty box or the
+    /// block is out of bounds; the store's error.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Key, MemoryStore, PenaltyBox, Policy, Quota, RateLimiter};
+    /// let one = NonZeroU32::MIN;
+    /// let penalty = PenaltyBox::new(one, Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+    /// let policy = Policy::fixed_window("login", Quota::per_minute(one)).with_penalty_box(penalty);
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// let mallory = Key::new("mallory");
+    /// limiter.block(&mallory, Duration::from_secs(3600)).await.unwrap();
+    /// assert!(limiter.check(&mallory, 1).await.unwrap().blocked);
+    /// limiter.reset(&mallory).await.unwrap();
+    /// assert!(limiter.check(&mallory, 1).await.unwrap().allowed);
+    /// # }
+    /// ```
+    pub async fn block(&self, key: &Key, block: std::time::Duration) -> Result<(), AdminError> {
+        let core = &*self.core;
+        let policy = &core.config.policy;
+        let Some(penalty) = policy.penalty_box() else {
+            return Err(ConfigError::PenaltyBox {
+                why: format!("policy {:?} has no penalty box to block in", policy.name()),
+            }
+            .into());
+        };
+        crate::penalty::PenaltyBox::new(penalty.strikes(), block, block)?;
+        let blocked = core.config.store.block(policy, key, block);
+        core.within_deadline(blocked).await.0?;
+        crate::metrics::block_started(policy, "operator");
+        if let FailurePolicy::Local(local) = &core.config.failure {
+            let _ = core.within_deadline(local.block(policy, key, block)).await;
+        }
+        core.forget(key);
+        Ok(())
+    }
+}
+
+/// Whether `quotas` can override `policy`'s.
+fn check_override(policy: &Policy, quotas: &Override) -> Result<(), ConfigError> {
+    let invalid = |why: String| ConfigError::Override {
+        policy: policy.name().to_owned(),
+        why,
+    };
+    if !policy.is_overridable() {
+        return Err(invalid(
+            "the policy takes no overrides; build it with Policy::overridable".into(),
+        ));
+    }
+    if quotas.quotas().len() != policy.quotas().len() {
+        return Err(invalid(format!(
+            "the policy has {} quota(s), the override {}",
+            policy.quotas().len(),
+            quotas.quotas().len()
+        )));
+    }
+    policy
+        .with_quotas(quotas.shared_quotas().clone())
+        .validate()
+        .map_err(|e| {
+            let why = e.to_string();
+            invalid(
+                why.trim_start_matches("invalid rate limit configuration: ")
+                    .to_owned(),
+            )
+        })
 }
 
 /// The layer's side of [`RateLimiter`]: here rather than in `layer/`, so

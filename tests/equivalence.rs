@@ -15,7 +15,9 @@ use support::conformance::T0;
 use tokio::runtime::Runtime;
 use tollgate::clock::ManualClock;
 use tollgate::decision::Receipt;
-use tollgate::{Decision, Key, MemoryStore, Policy, Quota, RedisStore, Store};
+use tollgate::{
+    Decision, Key, MemoryStore, Override, PenaltyBox, Policy, Quota, RedisStore, Store,
+};
 
 /// One runtime for every case, so the shared connection's tasks keep running.
 static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
@@ -62,6 +64,37 @@ fn policies() -> Vec<Policy> {
     ]
 }
 
+/// [`policies`] with a caller's own rules: overridable, and a penalty box
+/// of two strikes within a second, blocking half a second, doubling up to
+/// two.
+fn policies_with_caller_rules() -> Vec<Policy> {
+    let penalty = PenaltyBox::new(
+        NonZeroU32::new(2).unwrap(),
+        Duration::from_secs(1),
+        Duration::from_millis(500),
+    )
+    .unwrap()
+    .doubling_up_to(Duration::from_secs(2))
+    .unwrap();
+    policies()
+        .into_iter()
+        .map(|p| p.overridable().with_penalty_box(penalty))
+        .collect()
+}
+
+/// An override of every quota of `policy` to `limit`, windows kept (a
+/// uniform gate's limit stays 1).
+fn override_of(policy: &Policy, limit: u32) -> Override {
+    let quota = |q: &Quota| {
+        let limit = if policy.name() == "gate" { 1 } else { limit };
+        Quota::new(limit, q.window()).unwrap()
+    };
+    let quotas = policy.quotas();
+    quotas[1..]
+        .iter()
+        .fold(Override::new(quota(&quotas[0])), |o, q| o.and(quota(q)))
+}
+
 /// What one step does.
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -81,6 +114,23 @@ enum Op {
         pick: usize,
         actual: u64,
     },
+    /// Give the caller its own limit (policies with caller rules only).
+    SetOverride {
+        key: u8,
+        limit: u32,
+    },
+    ClearOverride {
+        key: u8,
+    },
+}
+
+/// [`op`], and now and then an operator's change to an override.
+fn op_with_overrides() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        9 => op(),
+        1 => (0..3u8, 1..8u32).prop_map(|(key, limit)| Op::SetOverride { key, limit }),
+        1 => (0..3u8).prop_map(|key| Op::ClearOverride { key }),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -119,8 +169,12 @@ fn comparable(policy: &Policy, mut d: Decision) -> Decision {
     d
 }
 
-async fn replay(start: u64, steps: &[(u64, Op)]) -> Result<(), TestCaseError> {
-    for policy in policies() {
+async fn replay(
+    policies: Vec<Policy>,
+    start: u64,
+    steps: &[(u64, Op)],
+) -> Result<(), TestCaseError> {
+    for policy in policies {
         let clock = ManualClock::new(start);
         let memory = MemoryStore::with_clock(clock.clone());
         let redis = RedisStore::from_manager(connection().await)
@@ -163,6 +217,17 @@ async fn replay(start: u64, steps: &[(u64, Op)]) -> Result<(), TestCaseError> {
                         None
                     }
                     Op::Settle { .. } => None,
+                    Op::SetOverride { key, limit } => {
+                        let key = Key::new(format!("k{key}"));
+                        let quotas = override_of(&policy, limit);
+                        store.set_override(&policy, &key, &quotas).await.unwrap();
+                        None
+                    }
+                    Op::ClearOverride { key } => {
+                        let key = Key::new(format!("k{key}"));
+                        store.clear_override(&policy, &key).await.unwrap();
+                        None
+                    }
                 };
                 answers.push(answer.map(|d| comparable(&policy, d)));
             }
@@ -191,6 +256,25 @@ proptest! {
         offset in prop_oneof![Just(0u64), 0..10_000_000u64],
         steps in prop::collection::vec((gap(), op()), 1..60),
     ) {
-        RUNTIME.block_on(replay(T0 + offset, &steps))?;
+        RUNTIME.block_on(replay(policies(), T0 + offset, &steps))?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// The same, with overrides set and cleared in the trace and a penalty
+    /// box counting the rejections (lua/caller.lua against
+    /// store/memory/caller.rs).
+    #[test]
+    fn memory_and_redis_decide_alike_with_overrides_and_a_penalty_box(
+        offset in prop_oneof![Just(0u64), 0..10_000_000u64],
+        steps in prop::collection::vec((gap(), op_with_overrides()), 1..60),
+    ) {
+        RUNTIME.block_on(replay(policies_with_caller_rules(), T0 + offset, &steps))?;
     }
 }

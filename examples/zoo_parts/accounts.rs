@@ -1,6 +1,6 @@
 //! The zoo's routes for limits a layer cannot see, counted with the
-//! [`RateLimiter`] handle: a login that charges only failed attempts, and an
-//! operator's route that resets a caller.
+//! [`RateLimiter`] handle: a login that charges only failed attempts, and
+//! the operator's routes that reset a caller and change its limit.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -11,10 +11,13 @@ use axum::extract::{ConnectInfo, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{post, put};
 use axum::{Json, Router};
 use serde_json::json;
-use tollgate::{Decision, Key, KeyExtractor, Policy, Quota, RateLimitLayer, RateLimiter, Store};
+use tollgate::{
+    AdminError, Decision, Key, KeyExtractor, Override, Policy, Quota, RateLimitLayer, RateLimiter,
+    Store,
+};
 
 use super::env_or;
 
@@ -55,6 +58,10 @@ impl AccountSettings {
                 Some(_) => "POST /admin/reset?ip=..|api_key=..: resets a caller (Authorization: Bearer $ZOO_ADMIN_TOKEN)".into(),
                 None => "POST /admin/reset: off (set ZOO_ADMIN_TOKEN)".into(),
             },
+            match &self.admin_token {
+                Some(_) => "PUT|DELETE /admin/limits?ip=..|api_key=..: {\"limit\": N, \"until\": unix secs} overrides /tigerfeeding's quota for a caller".into(),
+                None => "PUT|DELETE /admin/limits: off (set ZOO_ADMIN_TOKEN)".into(),
+            },
         ]
     }
 }
@@ -65,6 +72,8 @@ struct Accounts {
     key: Arc<dyn KeyExtractor>,
     /// Every limit the admin route resets, failed logins included.
     resettable: Arc<[RateLimiter]>,
+    /// The limit `/admin/limits` overrides: `/tigerfeeding`'s.
+    overridable: RateLimiter,
     admin_token: Option<Arc<str>>,
 }
 
@@ -75,6 +84,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
     store: Arc<dyn Store>,
     key: Arc<dyn KeyExtractor>,
     limits: Vec<RateLimiter>,
+    overridable: RateLimiter,
 ) -> Result<Router<S>, String> {
     let failed_logins = RateLimitLayer::builder()
         .policy(Policy::fixed_window(
@@ -91,11 +101,13 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
         failed_logins,
         key,
         resettable,
+        overridable,
         admin_token: settings.admin_token.as_deref().map(Arc::from),
     };
     Ok(Router::new()
         .route("/login", post(login))
         .route("/admin/reset", post(reset))
+        .route("/admin/limits", put(set_limit).delete(clear_limit))
         .with_state(accounts))
 }
 
@@ -171,6 +183,32 @@ impl Whom {
     }
 }
 
+/// The caller an admin request names, once its token is checked; or the
+/// response refusing it (404 when the admin routes are off, 403 without
+/// the token, 400 without a caller).
+fn admitted(
+    accounts: &Accounts,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<Key, (StatusCode, String)> {
+    let Some(token) = &accounts.admin_token else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            "the admin route is off: set ZOO_ADMIN_TOKEN".into(),
+        ));
+    };
+    let sent = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if sent.map(str::as_bytes) != Some(token.as_bytes()) {
+        return Err((StatusCode::FORBIDDEN, "wrong or missing admin token".into()));
+    }
+    Whom::from_query(query)
+        .and_then(|whom| caller(accounts, &whom))
+        .map_err(|why| (StatusCode::BAD_REQUEST, why))
+}
+
 /// The operator's unblock: resets the caller named by `ip` or `api_key` in
 /// every zoo limit, keyed exactly as the limits key its requests.
 async fn reset(
@@ -178,23 +216,9 @@ async fn reset(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let Some(token) = &accounts.admin_token else {
-        return (
-            StatusCode::NOT_FOUND,
-            "the admin route is off: set ZOO_ADMIN_TOKEN",
-        )
-            .into_response();
-    };
-    let sent = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if sent.map(str::as_bytes) != Some(token.as_bytes()) {
-        return (StatusCode::FORBIDDEN, "wrong or missing admin token").into_response();
-    }
-    let key = match Whom::from_query(&query).and_then(|whom| caller(&accounts, &whom)) {
+    let key = match admitted(&accounts, &headers, &query) {
         Ok(key) => key,
-        Err(why) => return (StatusCode::BAD_REQUEST, why).into_response(),
+        Err(refused) => return refused.into_response(),
     };
     let mut reset = Vec::new();
     for limiter in accounts.resettable.iter() {
@@ -204,6 +228,84 @@ async fn reset(
         reset.push(limiter.policy().name().to_owned());
     }
     Json(json!({ "reset": reset })).into_response()
+}
+
+/// `PUT /admin/limits`: `{"limit": N}` (and `"until"`, Unix seconds)
+/// becomes the caller's own quota on `/tigerfeeding`, its window kept.
+async fn set_limit(
+    State(accounts): State<Accounts>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let key = match admitted(&accounts, &headers, &query) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
+    };
+    let window = accounts.overridable.policy().quotas()[0].window();
+    let quotas = match override_of(&body, window) {
+        Ok(quotas) => quotas,
+        Err(why) => return (StatusCode::BAD_REQUEST, why).into_response(),
+    };
+    match accounts
+        .overridable
+        .set_override(&key, quotas.clone())
+        .await
+    {
+        Ok(()) => Json(json!({
+            "limit": quotas.quotas()[0].limit(),
+            "window_secs": window.as_secs_f64(),
+            "until": quotas.until_micros().map(|us| us / 1_000_000),
+        }))
+        .into_response(),
+        Err(AdminError::Invalid(err)) => (StatusCode::BAD_REQUEST, err.to_string()).into_response(),
+        Err(AdminError::Store(err)) => unavailable(&err),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+/// The override a `PUT /admin/limits` body asks for.
+fn override_of(body: &[u8], window: Duration) -> Result<Override, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let limit = value
+        .get("limit")
+        .ok_or("the body needs a \"limit\"")?
+        .as_u64()
+        .filter(|&n| n >= 1)
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or("\"limit\" must be a whole number from 1 to 4294967295")?;
+    let quota = Quota::new(limit, window).map_err(|e| e.to_string())?;
+    let mut quotas = Override::new(quota);
+    if let Some(until) = value.get("until") {
+        let secs = until
+            .as_u64()
+            .ok_or("\"until\" must be a time in Unix seconds")?;
+        let at = std::time::UNIX_EPOCH
+            .checked_add(Duration::from_secs(secs))
+            .filter(|at| *at > std::time::SystemTime::now())
+            .ok_or("\"until\" must be a time in the future, in Unix seconds")?;
+        quotas = quotas.until(at);
+    }
+    Ok(quotas)
+}
+
+/// `DELETE /admin/limits`: the caller is judged by the policy again; 404
+/// when it had no override.
+async fn clear_limit(
+    State(accounts): State<Accounts>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let key = match admitted(&accounts, &headers, &query) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
+    };
+    match accounts.overridable.clear_override(&key).await {
+        Ok(true) => Json(json!({ "cleared": true })).into_response(),
+        Ok(false) => (StatusCode::NOT_FOUND, "that caller has no override").into_response(),
+        Err(err) => unavailable(&err),
+    }
 }
 
 /// The key the zoo's extractor gives a request from `whom`: built from a

@@ -1,7 +1,7 @@
 //! The zoo's routes for the strategies that decide at once: the uniform
 //! gate, the sliding log (resource and consumer), the sliding-window counter
-//! and GCRA. Each serves the tiger feeding under its own policy, read from
-//! the environment.
+//! and GCRA, and a fixed window with a penalty box. Each serves the tiger
+//! feeding under its own policy, read from the environment.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use tollgate::{KeyExtractor, Policy, Quota, RateLimitLayer, Store};
+use tollgate::{KeyExtractor, PenaltyBox, Policy, Quota, RateLimitLayer, Store};
 
 use super::{env_or, tigerfeeding};
 
@@ -48,12 +48,21 @@ impl InstantSettings {
             "tigerfeeding.aligned",
             quota("ZOO_ALIGNED_LIMIT", 5, "ZOO_ALIGNED_WINDOW_SECS", 10)?,
         );
+        let penalty_window = quota("ZOO_PENALTY_LIMIT", 3, "ZOO_PENALTY_WINDOW_SECS", 10)?;
+        let strikes = NonZeroU32::new(env_or("ZOO_PENALTY_STRIKES", 3)?)
+            .ok_or("ZOO_PENALTY_STRIKES must be at least 1")?;
+        let block = Duration::from_secs(env_or("ZOO_PENALTY_BLOCK_SECS", 30)?);
+        let penalty = PenaltyBox::new(strikes, penalty_window.window(), block)
+            .map_err(|e| format!("ZOO_PENALTY_*: {e}"))?;
+        let penalized =
+            Policy::fixed_window("tigerfeeding.penalty", penalty_window).with_penalty_box(penalty);
         let policies = vec![
             ("/aligned/tigerfeeding", aligned),
             ("/uniform/tigerfeeding", uniform),
             ("/sliding-log/tigerfeeding", log),
             ("/sliding-window/tigerfeeding", window),
             ("/gcra/tigerfeeding", gcra),
+            ("/penalty/tigerfeeding", penalized),
         ];
         for (path, policy) in &policies {
             policy.validate().map_err(|e| format!("{path}: {e}"))?;
@@ -86,6 +95,16 @@ impl InstantSettings {
                         q[0].limit(),
                         q[0].window()
                     ),
+                    tollgate::Strategy::FixedWindow => match p.penalty_box() {
+                        Some(b) => format!(
+                            "{} per {:?}; after {} rejections within it, blocked for {:?}",
+                            q[0].limit(),
+                            q[0].window(),
+                            b.strikes(),
+                            b.block()
+                        ),
+                        None => format!("{} per {:?}", q[0].limit(), q[0].window()),
+                    },
                     _ => format!("{} per sliding {:?}", q[0].limit(), q[0].window()),
                 };
                 format!("{path}: {what}")

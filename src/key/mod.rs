@@ -47,6 +47,13 @@ const MAX_KEY_LEN: usize = 128;
 pub struct Key(SmolStr);
 
 impl Key {
+    /// A key from text that is one already (a store's record of a
+    /// [`Key::as_str`]), kept as it is.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn escaped(text: impl Into<SmolStr>) -> Self {
+        Self(text.into())
+    }
+
     /// Escapes `raw` into a key.
     ///
     /// ```

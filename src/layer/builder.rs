@@ -65,6 +65,7 @@ pub struct RateLimitLayerBuilder {
     store: Option<Arc<dyn Store>>,
     key: Option<Arc<dyn KeyExtractor>>,
     cost: Option<Arc<crate::limiter::CostFn>>,
+    request_limit: Option<crate::limiter::RequestLimit>,
     deadline: Duration,
     failure: FailurePolicy,
     limited_status: StatusCode,
@@ -86,6 +87,7 @@ impl Default for RateLimitLayerBuilder {
             store: None,
             key: None,
             cost: None,
+            request_limit: None,
             deadline: DEFAULT_DEADLINE,
             failure: FailurePolicy::default(),
             limited_status: StatusCode::TOO_MANY_REQUESTS,
@@ -142,6 +144,43 @@ impl RateLimitLayerBuilder {
     /// What a request costs, in quota units (a search 10, a read 1).
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Takes the caller's limit from each request (a plan an
+    /// authentication layer looked up and put in the request's
+    /// extensions), clamped to `bounds`; `None` keeps the policy's. The
+    /// limit replaces the caller's own quota's (the first whose budget is
+    /// the caller's), its window kept. The caller keeps one state whatever
+    /// limit judges it, the headers show the limit used, and a stored
+    /// [`Override`](crate::Override) beats it. Costs one quota list per
+    /// request that brings a limit, and nothing in Redis.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan { per_hour: u32 }
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("api", Quota::per_hour(NonZeroU32::new(100).unwrap())))
+    ///     .limit_from_request(10..=100_000, |parts| {
+    ///         parts.extensions.get::<Plan>().map(|plan| plan.per_hour)
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn limit_from_request(
+        mut self,
+        bounds: std::ops::RangeInclusive<u32>,
+        limit: impl Fn(&Parts) -> Option<u32> + Send + Sync + 'static,
+    ) -> Self {
+        self.request_limit = Some(crate::limiter::RequestLimit {
+            min: *bounds.start(),
+            max: *bounds.end(),
+            from: Arc::new(limit),
+        });
         self
     }
 
@@ -515,6 +554,17 @@ impl RateLimitLayerBuilder {
                 return Err(ConfigError::StatusNotAnError { what, status });
             }
         }
+        if let Some(limits) = &self.request_limit {
+            if limits.min == 0 || limits.min > limits.max {
+                return Err(ConfigError::RequestLimits {
+                    min: limits.min,
+                    max: limits.max,
+                });
+            }
+            for bound in [limits.min, limits.max] {
+                policy.with_caller_limit(bound).validate()?;
+            }
+        }
         let access = self.access.validate()?;
         // The fallback starts from what the main store last said (see
         // `Limiter::seed`); held charges (a concurrency limit's slots) are
@@ -536,6 +586,7 @@ impl RateLimitLayerBuilder {
                     store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                     key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
                     cost: self.cost,
+                    request_limit: self.request_limit,
                     deadline: self.deadline,
                     failure: self.failure,
                     limited_status: self.limited_status,

@@ -20,6 +20,7 @@ use crate::failure::FailurePolicy;
 use crate::key::Key;
 use crate::local::LocalAnswer;
 use crate::metrics::{Outcome, Stopwatch};
+use crate::policy::Policy;
 use crate::response;
 use crate::store::Store;
 
@@ -46,17 +47,26 @@ macro_rules! go {
 pub(crate) struct Pending {
     key: Key,
     cost: u64,
+    /// The policy with the request's own limit, when it brought one.
+    judged: Option<Policy>,
     /// `Some`: the main store failed so, and the local fallback is awaited.
     failed: Option<StoreErrorKind>,
     span: tracing::Span,
 }
 
 impl Pending {
-    fn new(key: Key, cost: u64, failed: Option<StoreErrorKind>, span: &tracing::Span) -> Self {
+    fn new(
+        key: Key,
+        cost: u64,
+        judged: Option<Policy>,
+        failed: Option<StoreErrorKind>,
+        span: &tracing::Span,
+    ) -> Self {
         let span = span.clone();
         Self {
             key,
             cost,
+            judged,
             failed,
             span,
         }
@@ -101,11 +111,13 @@ impl Limiter {
         go!(self.check_lists(parts));
         let key = go!(self.identify(parts, span));
         let cost = self.cost_of(parts);
+        let judged = self.limit_of(parts);
         go!(self.ask_local_deciders(&key, cost));
-        match self.ask_main_now(&key, cost) {
+        let policy = judged.as_ref().unwrap_or(&self.config.policy);
+        match self.ask_main_now(policy, &key, cost) {
             Some(Ok(decision)) => Step::Answered(self.judge_main(parts, key, cost, decision, span)),
-            Some(Err(err)) => self.fall_back_now(parts, key, cost, err, span),
-            None => Step::Go(Pending::new(key, cost, None, span)),
+            Some(Err(err)) => self.fall_back_now(parts, key, cost, judged, err, span),
+            None => Step::Go(Pending::new(key, cost, judged, None, span)),
         }
     }
 
@@ -115,11 +127,13 @@ impl Limiter {
         let Pending {
             key,
             cost,
+            judged,
             failed,
             span,
         } = pending;
+        let policy = judged.as_ref().unwrap_or(&self.config.policy);
         let (local, kind) = match failed {
-            None => match self.ask_main(&key, cost).await {
+            None => match self.ask_main_as(policy, &key, cost).await {
                 Ok(decision) => return self.judge_main(parts, key, cost, decision, &span),
                 Err(err) => match self.on_failure(parts, err) {
                     Step::Go(fallback) => fallback,
@@ -133,7 +147,7 @@ impl Limiter {
             },
         };
         self.seed(local, &key);
-        let result = self.ask(&**local, &key, cost).await;
+        let result = self.ask_as(policy, &**local, &key, cost).await;
         self.fallen_back(parts, key, cost, kind, result, &span)
     }
 
@@ -217,16 +231,26 @@ impl Limiter {
     /// The main store's answer if it gives one without waiting (an
     /// in-process store), noted; `None` when it must be awaited. Within the
     /// cooldown after a failure the store is not asked at all.
-    fn ask_main_now(&self, key: &Key, cost: u64) -> Option<Result<Decision, StoreError>> {
+    /// The policy with the limit this request brought, if it brought one
+    /// (see [`RateLimitLayerBuilder::limit_from_request`](crate::RateLimitLayerBuilder::limit_from_request)).
+    fn limit_of(&self, parts: &Parts) -> Option<Policy> {
+        let limits = self.config.request_limit.as_ref()?;
+        let limit = (limits.from)(parts)?.clamp(limits.min, limits.max);
+        Some(self.config.policy.with_caller_limit(limit))
+    }
+
+    fn ask_main_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Option<Result<Decision, StoreError>> {
         if self.cooling_down() {
             return Some(Err(StoreError::cooling_down()));
         }
         // Not timed: the latency histogram measures waits on a store out of
         // process, and an answer in process has none to show.
-        let answer = self
-            .config
-            .store
-            .check_now(&self.config.policy, key, cost)?;
+        let answer = self.config.store.check_now(policy, key, cost)?;
         self.note_result(key, &answer);
         Some(answer)
     }
@@ -238,14 +262,16 @@ impl Limiter {
         parts: &mut Parts,
         key: Key,
         cost: u64,
+        judged: Option<Policy>,
         err: StoreError,
         span: &tracing::Span,
     ) -> Step<Pending> {
         let (local, kind) = go!(self.on_failure(parts, err));
         self.seed(local, &key);
-        match local.check_now(&self.config.policy, &key, cost) {
+        let policy = judged.as_ref().unwrap_or(&self.config.policy);
+        match local.check_now(policy, &key, cost) {
             Some(result) => Step::Answered(self.fallen_back(parts, key, cost, kind, result, span)),
-            None => Step::Go(Pending::new(key, cost, Some(kind), span)),
+            None => Step::Go(Pending::new(key, cost, judged, Some(kind), span)),
         }
     }
 
@@ -395,12 +421,23 @@ impl Limiter {
     /// failure policy applies at once instead of every request waiting out
     /// the deadline against a store that is down or drowning.
     pub(crate) async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
+        self.ask_main_as(&self.config.policy, key, cost).await
+    }
+
+    /// [`ask_main`](Self::ask_main) under `policy` (the layer's, or with a
+    /// limit the request brought).
+    async fn ask_main_as(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         if self.cooling_down() {
             return Err(StoreError::cooling_down());
         }
         let (result, waited) = self
             .within_deadline(self.config.store.check_before(
-                &self.config.policy,
+                policy,
                 key,
                 cost,
                 std::time::Instant::now() + self.config.deadline,
@@ -429,8 +466,17 @@ impl Limiter {
         key: &Key,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        self.within_deadline(store.check(&self.config.policy, key, cost))
-            .await
-            .0
+        self.ask_as(&self.config.policy, store, key, cost).await
+    }
+
+    /// [`ask`](Self::ask) under `policy`.
+    async fn ask_as(
+        &self,
+        policy: &Policy,
+        store: &dyn Store,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        self.within_deadline(store.check(policy, key, cost)).await.0
     }
 }

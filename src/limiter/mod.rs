@@ -37,6 +37,18 @@ pub(crate) use release::ReleaseGuard;
 
 /// Price of a request in quota units, from its head.
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+
+/// A request's own limit for the caller's quota, read from its head.
+pub(crate) type LimitFn = dyn Fn(&Parts) -> Option<u32> + Send + Sync;
+
+/// Limits that come with the request (a plan an auth layer looked up),
+/// within bounds fixed at build time.
+#[derive(Clone)]
+pub(crate) struct RequestLimit {
+    pub(crate) min: u32,
+    pub(crate) max: u32,
+    pub(crate) from: Arc<LimitFn>,
+}
 /// Whether a response's status makes its charge refundable.
 pub(crate) type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 /// What a request really cost, from its response's head; `None` keeps the
@@ -90,6 +102,7 @@ pub(crate) struct Config {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) key: Arc<dyn KeyExtractor>,
     pub(crate) cost: Option<Arc<CostFn>>,
+    pub(crate) request_limit: Option<RequestLimit>,
     pub(crate) deadline: Duration,
     pub(crate) failure: FailurePolicy,
     pub(crate) limited_status: StatusCode,

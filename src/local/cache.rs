@@ -11,9 +11,14 @@ use std::time::{Duration, Instant};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::key::Key;
-use crate::policy::Strategy;
+use crate::policy::Policy;
 
 const SHARDS: usize = 16;
+/// The longest a rejection of an overridable policy is kept: an override
+/// set on another app server lets the caller through here within it (the
+/// bug of Envoy ratelimit #1077, a cache keeping a caller out after its
+/// limit was raised, bounded).
+const OVERRIDABLE_MICROS: u64 = 1_000_000;
 /// A full shard looks for expired entries at most this often (store time).
 const SWEEP_EVERY_MICROS: u64 = 100_000;
 
@@ -183,9 +188,16 @@ impl DecisionCache {
     }
 
     /// Learns from a store's decision for `cost` units of `key`.
-    pub(crate) fn learn(&self, strategy: &Strategy, key: &Key, cost: u64, decision: &Decision) {
+    pub(crate) fn learn(&self, policy: &Policy, key: &Key, cost: u64, decision: &Decision) {
+        let strategy = policy.strategy();
         let now = decision.now_micros;
-        let (rejection, until, min_cost) = if !decision.allowed {
+        let (rejection, until, min_cost) = if decision.blocked {
+            // A block holds until it ends, whatever the strategy.
+            (decision.clone(), decision.reset_at_micros, 1)
+        } else if policy.penalty_box().is_some() {
+            // Rejections count as strikes where they are decided.
+            return;
+        } else if !decision.allowed {
             if !strategy.rejection_is_stable() {
                 return;
             }
@@ -207,6 +219,10 @@ impl DecisionCache {
             (rejection, until, 1)
         } else {
             return;
+        };
+        let until = match policy.is_overridable() && !decision.blocked {
+            true => until.min(now.saturating_add(OVERRIDABLE_MICROS)),
+            false => until,
         };
         if until <= now {
             return;
@@ -273,6 +289,17 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Strategy;
+    use crate::quota::Quota;
+
+    /// A policy of `strategy`, its quota beside the point here.
+    fn of(strategy: Strategy) -> Policy {
+        Policy::new(
+            "p",
+            strategy,
+            Quota::new(1, Duration::from_secs(1)).unwrap(),
+        )
+    }
     use crate::clock::ManualClock;
 
     const S: u64 = 1_000_000;
@@ -287,7 +314,7 @@ mod tests {
         let c = cache(100, &clock);
         let bob = Key::new("bob");
         let store_said = Decision::rejected(5, 5, 70 * S, 10 * S, 60 * S);
-        c.learn(&Strategy::FixedWindow, &bob, 1, &store_said);
+        c.learn(&of(Strategy::FixedWindow), &bob, 1, &store_said);
         assert_eq!(
             c.rejection(&bob, 1).unwrap(),
             store_said,
@@ -309,14 +336,14 @@ mod tests {
         let c = cache(100, &clock);
         let ann = Key::new("ann");
         c.learn(
-            &Strategy::FixedWindow,
+            &of(Strategy::FixedWindow),
             &ann,
             1,
             &Decision::allowed(5, 4, 70 * S, 10 * S),
         );
         assert!(c.rejection(&ann, 1).is_none(), "one unit left");
         c.learn(
-            &Strategy::FixedWindow,
+            &of(Strategy::FixedWindow),
             &ann,
             1,
             &Decision::allowed(5, 5, 70 * S, 10 * S),
@@ -336,22 +363,22 @@ mod tests {
         let rejected = Decision::rejected(5, 5, 10 * S, 0, S);
         let full = Decision::allowed(5, 5, 10 * S, 0);
         let (a, b, d, e) = (Key::new("a"), Key::new("b"), Key::new("d"), Key::new("e"));
-        c.learn(&bucket, &a, 1, &rejected);
+        c.learn(&of(bucket.clone()), &a, 1, &rejected);
         assert!(
             c.rejection(&a, 1).is_some(),
             "a bucket drains only at its rate"
         );
-        c.learn(&bucket, &b, 1, &full);
+        c.learn(&of(bucket.clone()), &b, 1, &full);
         assert!(
             c.rejection(&b, 1).is_none(),
             "a place frees long before reset"
         );
-        c.learn(&Strategy::Concurrency, &d, 1, &rejected);
+        c.learn(&of(Strategy::Concurrency), &d, 1, &rejected);
         assert!(
             c.rejection(&d, 1).is_none(),
             "a slot frees when any response ends"
         );
-        c.learn(&Strategy::Concurrency, &e, 1, &full);
+        c.learn(&of(Strategy::Concurrency), &e, 1, &full);
         assert!(c.rejection(&e, 1).is_none());
     }
 
@@ -361,7 +388,7 @@ mod tests {
         let c = cache(100, &clock);
         let k = Key::new("k");
         c.learn(
-            &Strategy::FixedWindow,
+            &of(Strategy::FixedWindow),
             &k,
             10,
             &Decision::rejected(20, 15, 60 * S, 0, 60 * S),
@@ -376,13 +403,18 @@ mod tests {
         let c = cache(SHARDS, &clock); // one entry per shard
         for i in 0..1000 {
             let d = Decision::rejected(1, 1, S, 0, S);
-            c.learn(&Strategy::FixedWindow, &Key::new(format!("k{i}")), 1, &d);
+            c.learn(
+                &of(Strategy::FixedWindow),
+                &Key::new(format!("k{i}")),
+                1,
+                &d,
+            );
         }
         assert!(c.len() <= SHARDS);
         clock.set(2 * S);
         let fresh = Key::new("fresh");
         c.learn(
-            &Strategy::FixedWindow,
+            &of(Strategy::FixedWindow),
             &fresh,
             1,
             &Decision::rejected(1, 1, 9 * S, 2 * S, 7 * S),
@@ -400,7 +432,7 @@ mod tests {
         let k = Key::new("k");
         // The store's clock is far from this machine's: it does not matter.
         c.learn(
-            &Strategy::FixedWindow,
+            &of(Strategy::FixedWindow),
             &k,
             1,
             &Decision::rejected(1, 1, 5 * S, 2 * S, 3 * S),

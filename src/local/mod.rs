@@ -87,7 +87,7 @@ impl LocalDecisions {
     /// After the (main) store decided: remember what will hold.
     pub(crate) fn after_store(&self, policy: &Policy, key: &Key, cost: u64, decision: &Decision) {
         if let Some(cache) = &self.cache {
-            cache.learn(policy.strategy(), key, cost, decision);
+            cache.learn(policy, key, cost, decision);
         }
     }
 

@@ -83,6 +83,47 @@ impl KeySpace {
             .collect()
     }
 
+    /// The key of `key`'s override under `policy`, beside its counters (in
+    /// their hash tag) and named by strategy as they are:
+    /// `{prefix}:{{policy|key}}:{strategy}:override`, or for a policy whose
+    /// tag holds the policy alone `...:{strategy}:override:{key}`.
+    pub(crate) fn override_key(&self, policy: &Policy, key: &Key) -> String {
+        self.caller_key(policy, key, policy.strategy().as_str(), ":override")
+    }
+
+    /// The key of `key`'s penalty-box entry under `policy`:
+    /// `{prefix}:{{policy|key}}:penalty` (or `...:penalty:{key}`).
+    pub(crate) fn penalty_key(&self, policy: &Policy, key: &Key) -> String {
+        self.caller_key(policy, key, "penalty", "")
+    }
+
+    /// The list of `policy`'s overrides, a hash from caller to override
+    /// (`{prefix}:{~overrides|policy}:{strategy}`), which
+    /// [`list_overrides`](crate::Store::list_overrides) reads; `~` cannot
+    /// occur in policy names, so no policy's tag can equal it.
+    pub(crate) fn overrides_list(&self, policy: &Policy) -> String {
+        format!(
+            "{}:{{~overrides|{}}}:{}",
+            self.prefix,
+            policy.name(),
+            policy.strategy().as_str()
+        )
+    }
+
+    fn caller_key(&self, policy: &Policy, key: &Key, kind: &str, suffix: &str) -> String {
+        let tagged = Self::tagged(policy, key);
+        let mut out = String::new();
+        self.push_tag(&mut out, tagged);
+        out.push(':');
+        out.push_str(kind);
+        out.push_str(suffix);
+        if tagged.1.is_none() {
+            out.push(':');
+            out.push_str(key.as_str());
+        }
+        out
+    }
+
     /// Appends the name of quota `i`'s key: the tag, the strategy, then the
     /// quota's index, or for a policy with a resource quota (the sliding
     /// log) the resource's log (0) or this consumer's (1).
@@ -164,6 +205,35 @@ mod tests {
                 "tollgate:{tigerfeeding}:sliding_log:resource",
                 "tollgate:{tigerfeeding}:sliding_log:consumer:%7Bbob%7D",
             ]
+        );
+    }
+
+    #[test]
+    fn a_callers_own_rules_live_in_its_counters_hash_tag() {
+        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
+        let space = KeySpace::default();
+        let bob = Key::new("{bob}");
+        let window = Policy::fixed_window("api", q);
+        assert_eq!(
+            space.override_key(&window, &bob),
+            "tollgate:{api|%7Bbob%7D}:fixed_window:override"
+        );
+        assert_eq!(
+            space.penalty_key(&window, &bob),
+            "tollgate:{api|%7Bbob%7D}:penalty"
+        );
+        let log = Policy::sliding_log("api", q, q);
+        assert_eq!(
+            space.override_key(&log, &bob),
+            "tollgate:{api}:sliding_log:override:%7Bbob%7D"
+        );
+        assert_eq!(
+            space.penalty_key(&log, &bob),
+            "tollgate:{api}:penalty:%7Bbob%7D"
+        );
+        assert_eq!(
+            space.overrides_list(&window),
+            "tollgate:{~overrides|api}:fixed_window"
         );
     }
 

@@ -31,6 +31,7 @@ use std::time::Instant;
 use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::overrides::Override;
 use crate::policy::Policy;
 
 /// A boxed `Send` future, which keeps [`Store`] usable as `dyn Store`.
@@ -221,12 +222,122 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         key: &'a Key,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let _ = (policy, key);
-        Box::pin(async {
-            Err(StoreError::new(
-                crate::error::StoreErrorKind::Rejected,
-                "this store cannot reset a caller",
-            ))
-        })
+        Box::pin(async { Err(cannot("reset a caller")) })
+    }
+
+    /// Gives `key` quotas of its own under `policy` (which must be
+    /// [overridable](Policy::overridable); [`RateLimiter::set_override`](crate::RateLimiter::set_override)
+    /// checks the override against it). An override is configuration: kept
+    /// without an expiry unless it has an end. On Redis a `SET` of the
+    /// caller's override key (in its hash slot) and an `HSET` of the
+    /// policy's list of overrides. The default refuses.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Override, Policy, Quota, Store};
+    ///
+    /// let policy = Policy::fixed_window("api", Quota::per_hour(NonZeroU32::new(1).unwrap())).overridable();
+    /// let store = MemoryStore::new();
+    /// let vip = Key::new("vip");
+    /// let more = Override::new(Quota::per_hour(NonZeroU32::new(2).unwrap()));
+    /// store.set_override(&policy, &vip, &more).await.unwrap();
+    /// assert_eq!(store.check(&policy, &vip, 1).await.unwrap().limit, 2);
+    /// # }
+    /// ```
+    fn set_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        quotas: &'a Override,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (policy, key, quotas);
+        Box::pin(async { Err(cannot("keep overrides")) })
+    }
+
+    /// `key`'s override under `policy`, if one is in force.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    /// let policy = Policy::fixed_window("api", Quota::per_hour(NonZeroU32::new(1).unwrap())).overridable();
+    /// assert_eq!(MemoryStore::new().get_override(&policy, &Key::new("ann")).await.unwrap(), None);
+    /// # }
+    /// ```
+    fn get_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<Override>, StoreError>> {
+        let _ = (policy, key);
+        Box::pin(async { Err(cannot("keep overrides")) })
+    }
+
+    /// Removes `key`'s override under `policy`; `true` if there was one.
+    /// On Redis a `DEL` and an `HDEL`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    /// let policy = Policy::fixed_window("api", Quota::per_hour(NonZeroU32::new(1).unwrap())).overridable();
+    /// assert!(!MemoryStore::new().clear_override(&policy, &Key::new("ann")).await.unwrap());
+    /// # }
+    /// ```
+    fn clear_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (policy, key);
+        Box::pin(async { Err(cannot("keep overrides")) })
+    }
+
+    /// Every override in force under `policy`, by caller. On Redis one
+    /// `HGETALL` of the policy's list.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    /// let policy = Policy::fixed_window("api", Quota::per_hour(NonZeroU32::new(1).unwrap())).overridable();
+    /// assert!(MemoryStore::new().list_overrides(&policy).await.unwrap().is_empty());
+    /// # }
+    /// ```
+    fn list_overrides<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<Vec<(Key, Override)>, StoreError>> {
+        let _ = policy;
+        Box::pin(async { Err(cannot("keep overrides")) })
+    }
+
+    /// Puts `key` in `policy`'s penalty box for `block` from the store's
+    /// now, as if it had struck out; [`reset`](Store::reset) lets it out.
+    /// On Redis one `HSET` and one `PEXPIRE` in a script call.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Key, MemoryStore, PenaltyBox, Policy, Quota, Store};
+    /// let one = NonZeroU32::MIN;
+    /// let b = PenaltyBox::new(one, Duration::from_secs(1), Duration::from_secs(60)).unwrap();
+    /// let policy = Policy::fixed_window("api", Quota::per_hour(one)).with_penalty_box(b);
+    /// let store = MemoryStore::new();
+    /// let eve = Key::new("eve");
+    /// store.block(&policy, &eve, Duration::from_secs(600)).await.unwrap();
+    /// assert!(store.check(&policy, &eve, 1).await.unwrap().blocked);
+    /// # }
+    /// ```
+    fn block<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        block: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (policy, key, block);
+        Box::pin(async { Err(cannot("block callers")) })
     }
 
     /// Whether this store decides inside this process, so it is never out
@@ -361,6 +472,47 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).reset(policy, key)
     }
 
+    fn set_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        quotas: &'a Override,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).set_override(policy, key, quotas)
+    }
+
+    fn get_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<Override>, StoreError>> {
+        (**self).get_override(policy, key)
+    }
+
+    fn clear_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).clear_override(policy, key)
+    }
+
+    fn list_overrides<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<Vec<(Key, Override)>, StoreError>> {
+        (**self).list_overrides(policy)
+    }
+
+    fn block<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        block: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).block(policy, key, block)
+    }
+
     fn in_process(&self) -> bool {
         (**self).in_process()
     }
@@ -382,4 +534,12 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     ) -> Option<Result<(), StoreError>> {
         (**self).refund_now(policy, key, receipt)
     }
+}
+
+/// A store's refusal of what it cannot do.
+fn cannot(what: &str) -> StoreError {
+    StoreError::new(
+        crate::error::StoreErrorKind::Rejected,
+        format!("this store cannot {what}"),
+    )
 }

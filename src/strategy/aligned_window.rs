@@ -143,6 +143,11 @@ impl Algorithm for AlignedWindow {
     }
 
     #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (2, crate::store::redis::args::quota_ints(policy).collect())
+    }
+
+    #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let units = fixed_window::signed(receipt.cost());
         GiveBack::Refund(&LUA.refund, fixed_window::refund_args(receipt, units))

@@ -116,6 +116,9 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
     // The request id is `ARGV[5]` of `lua/concurrency.lua`.
     Trio {
         check: trio.check.taking_id_at(4).holding(release_of),
+        // No request id for batches: each decision of a caller with rules
+        // runs alone in its batch, with its own arguments.
+        caller_check: trio.caller_check.holding(release_of),
         ..trio
     }
 });
@@ -227,6 +230,17 @@ impl Algorithm for Concurrency {
     }
 
     /// `lua/concurrency_release.lua`'s arguments: the slot's id and cost.
+    #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (
+            2,
+            Args::from_slice(&[
+                int(policy.quotas()[0].limit()),
+                int(policy.quotas()[0].window_micros()),
+            ]),
+        )
+    }
+
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let id = receipt.stamps().first().copied().unwrap_or(0);

@@ -286,6 +286,11 @@ impl Algorithm for FixedWindow {
     }
 
     #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (2, quota_ints(policy).collect())
+    }
+
+    #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         GiveBack::Refund(&LUA.refund, refund_args(receipt, signed(receipt.cost())))
     }

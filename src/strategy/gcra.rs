@@ -259,6 +259,17 @@ impl Algorithm for Gcra {
     }
 
     #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (
+            2,
+            Args::from_slice(&[
+                int(interval(&policy.quotas()[0])),
+                int(burst_of(policy.strategy()).get()),
+            ]),
+        )
+    }
+
+    #[cfg(feature = "redis")]
     fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
         refund_call(policy, now, receipt, signed(receipt.cost()))
     }

@@ -269,6 +269,17 @@ impl Algorithm for LeakyBucket {
     }
 
     #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (
+            2,
+            Args::from_slice(&[
+                int(capacity_of(policy.strategy()).get()),
+                int(interval_micros(&policy.quotas()[0])),
+            ]),
+        )
+    }
+
+    #[cfg(feature = "redis")]
     fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
         refund_call(policy, now, receipt, signed(receipt.cost()))
     }

@@ -184,6 +184,22 @@ impl Strategy {
     }
 }
 
+impl Policy {
+    /// This policy with `limit` for the caller's own quota (the first
+    /// whose budget is the caller's), its window kept: a limit that came
+    /// with the request.
+    pub(crate) fn with_caller_limit(&self, limit: u32) -> Policy {
+        let mut quotas = self.quotas().to_vec();
+        let own = (0..quotas.len())
+            .find(|&i| self.strategy().scope_of(i) == Scope::Consumer)
+            .unwrap_or(0);
+        if let Ok(q) = Quota::new(limit, quotas[own].window()) {
+            quotas[own] = q;
+        }
+        self.with_quotas(quotas.into())
+    }
+}
+
 /// Everything the rest of the crate asks of one strategy, answered in the
 /// strategy's own file: its flags, its memory state, its Redis calls.
 /// Each strategy is a unit struct; a strategy with parameters reads them
@@ -313,6 +329,12 @@ pub(crate) trait Algorithm: Sync {
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args);
+
+    /// Where [`call`](Self::call)'s arguments for the policy's quotas start
+    /// (0-based), and those arguments: what a caller's override replaces
+    /// (`lua/caller.lua`).
+    #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args);
 
     /// The Redis store's refund of `receipt`, at `now` (µs, or -1 for Redis
     /// `TIME`), on the policy's quota keys.

@@ -258,6 +258,11 @@ impl Algorithm for SlidingLog {
     }
 
     #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (3, quota_ints(policy).collect())
+    }
+
+    #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let mut args = vec![receipt.cost().to_string()];
         args.extend(stamps(receipt));

@@ -359,6 +359,11 @@ impl Algorithm for SlidingWindow {
     }
 
     #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (2, quota_ints(policy).collect())
+    }
+
+    #[cfg(feature = "redis")]
     fn give_back_call(&self, policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         refund_call(policy, receipt, signed(receipt.cost()))
     }

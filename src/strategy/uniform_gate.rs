@@ -207,6 +207,14 @@ impl Algorithm for UniformGate {
     }
 
     #[cfg(feature = "redis")]
+    fn quota_args(&self, policy: &Policy) -> (usize, Args) {
+        (
+            2,
+            Args::from_slice(&[int(policy.quotas()[0].window_micros())]),
+        )
+    }
+
+    #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let args = stamps(receipt).collect();
         GiveBack::Refund(&LUA.refund, args)

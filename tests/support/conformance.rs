@@ -49,6 +49,15 @@ pub enum Op {
     Refund(&'static str, usize),
     /// Settle the receipt of step number `n` to an actual cost of `units`.
     Settle(&'static str, usize, u64),
+    /// Give `key` an override: `limit` per `secs` seconds for each of the
+    /// policy's quotas, until `until` ms after `T0` (0: no end).
+    SetOverride(&'static str, u32, u64, u64),
+    /// Clear `key`'s override.
+    ClearOverride(&'static str),
+    /// Block `key` for `ms` (the operator's block).
+    Block(&'static str, u64),
+    /// Forget `key`'s state (the operator's reset).
+    Reset(&'static str),
 }
 
 /// What the step must answer. Times are ms after `T0` (µs in a
@@ -65,6 +74,11 @@ pub enum Expect {
     },
     /// Rejected, retry after `retry_ms`, the window ending at `reset_ms`.
     Limited { reset_ms: u64, retry_ms: u64 },
+    /// Refused by the penalty box until `until_ms`, with the limit it was
+    /// judged against.
+    Blocked { until_ms: u64, limit: u64 },
+    /// Allowed, judged against `limit`, with `remaining` left.
+    PassOf { limit: u64, remaining: u64 },
     /// No decision to check (refunds, settles).
     Done,
     /// The store refused the call (a settle with nothing to settle).
@@ -72,7 +86,17 @@ pub enum Expect {
 }
 
 pub use Expect::{Done, Limited, Pass, Refused, Wait};
-pub use Op::{Check, Peek, Refund, Settle};
+pub use Op::{Block, Check, ClearOverride, Peek, Refund, Reset, SetOverride, Settle};
+
+/// [`Expect::Blocked`] in one short line.
+pub const fn blocked(until_ms: u64, limit: u64) -> Expect {
+    Expect::Blocked { until_ms, limit }
+}
+
+/// [`Expect::PassOf`] in one short line.
+pub const fn pass_of(limit: u64, remaining: u64) -> Expect {
+    Expect::PassOf { limit, remaining }
+}
 
 /// [`Expect::Pass`] in one short line: `remaining` left, reset at `reset_ms`.
 pub const fn pass(remaining: u64, reset_ms: u64) -> Expect {
@@ -98,6 +122,7 @@ pub const fn limited(reset_ms: u64, retry_ms: u64) -> Expect {
 
 // Each strategy's cases, beside this file.
 pub mod aligned_window;
+pub mod caller;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -216,6 +241,44 @@ async fn run_step(
             settled.unwrap();
             None
         }
+        Op::SetOverride(key, limit, secs, until) => {
+            let q = quota(limit, secs);
+            let mut o = tollgate::Override::new(q);
+            for _ in 1..policy.quotas().len() {
+                o = o.and(q);
+            }
+            if until > 0 {
+                o = o.ending_at_micros(T0 + us(until));
+            }
+            backend
+                .store
+                .set_override(policy, &Key::new(key), &o)
+                .await
+                .unwrap();
+            let read = backend.store.get_override(policy, &Key::new(key)).await;
+            assert_eq!(read.unwrap(), Some(o), "the override reads back");
+            None
+        }
+        Op::ClearOverride(key) => {
+            backend
+                .store
+                .clear_override(policy, &Key::new(key))
+                .await
+                .unwrap();
+            None
+        }
+        Op::Block(key, ms) => {
+            backend
+                .store
+                .block(policy, &Key::new(key), time(ms))
+                .await
+                .unwrap();
+            None
+        }
+        Op::Reset(key) => {
+            backend.store.reset(policy, &Key::new(key)).await.unwrap();
+            None
+        }
     };
     let here = format!("step {i} at +{at}: {op:?}");
     match (expect, &decision) {
@@ -254,6 +317,28 @@ async fn run_step(
             assert_eq!(d.reset_at_micros, T0 + us(reset_ms), "{here}: reset-at");
             assert_eq!(d.retry_after, Some(time(retry_ms)), "{here}: retry-after");
         }
+        (Expect::Blocked { until_ms, limit }, Some(d)) => {
+            assert!(
+                !d.allowed && d.blocked,
+                "{here}: expected a block, got {d:?}"
+            );
+            assert_eq!(d.remaining, 0, "{here}: remaining");
+            assert_eq!(d.limit, limit, "{here}: limit");
+            assert_eq!(d.reset_at_micros, T0 + us(until_ms), "{here}: reset-at");
+            assert_eq!(
+                d.retry_after,
+                Some(time(until_ms - at)),
+                "{here}: retry-after"
+            );
+        }
+        (Expect::PassOf { limit, remaining }, Some(d)) => {
+            assert!(
+                d.allowed && !d.blocked,
+                "{here}: expected a pass, got {d:?}"
+            );
+            assert_eq!(d.limit, limit, "{here}: limit");
+            assert_eq!(d.remaining, remaining, "{here}: remaining");
+        }
         (Expect::Done, None) => {}
         (e, d) => panic!("{here}: expected {e:?}, got {d:?}"),
     }
@@ -275,6 +360,7 @@ macro_rules! conformance_suite {
         $crate::leaky_bucket_rows!($factory);
         $crate::concurrency_rows!($factory);
         $crate::aligned_window_rows!($factory);
+        $crate::caller_rows!($factory);
     };
 }
 

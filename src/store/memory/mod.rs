@@ -9,8 +9,10 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::overrides::Override;
 use crate::policy::Policy;
 
+pub(crate) mod caller;
 pub(crate) mod names;
 pub(crate) mod shard;
 pub(crate) mod state;
@@ -70,6 +72,7 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    overrides: caller::Overrides,
 }
 
 impl Default for MemoryStore {
@@ -112,6 +115,7 @@ impl MemoryStore {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 hasher: RandomState::default(),
                 clock: Arc::new(clock),
+                overrides: caller::Overrides::default(),
             }),
         }
     }
@@ -155,6 +159,9 @@ impl MemoryStore {
     }
 
     fn decide(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
+        if policy.has_caller_rules() {
+            return self.decide_with_caller_rules(policy, key, cost);
+        }
         let algorithm = policy.strategy().algorithm();
         // Returned as the algorithm made it (scope included): amended here,
         // the decision would be copied once more.
@@ -163,7 +170,21 @@ impl MemoryStore {
         })
     }
 
-    /// Removes `key`'s own entries under `policy`, under the shard's lock.
+    /// A decision through the caller's own rules (`store/memory/caller.rs`).
+    fn decide_with_caller_rules(&self, policy: &Policy, key: &Key, cost: u64) -> Decision {
+        let now = self.inner.clock.now_micros();
+        let overridden = policy
+            .is_overridable()
+            .then(|| self.inner.overrides.get(policy, key, now))
+            .flatten();
+        self.with_shard(policy, key, |shard, keys, now| {
+            caller::decide(policy, overridden.as_ref(), shard, keys, now, cost)
+        })
+    }
+
+    /// Removes `key`'s own entries under `policy` (its penalty-box entry
+    /// too; not its override, which is configuration), under the shard's
+    /// lock.
     fn forget(&self, policy: &Policy, key: &Key) {
         self.with_shard(policy, key, |shard, keys, _| {
             for (i, name) in keys.iter().enumerate() {
@@ -171,6 +192,7 @@ impl MemoryStore {
                     shard.remove(name);
                 }
             }
+            shard.remove(keys.penalty());
         });
     }
 
@@ -273,6 +295,74 @@ impl Store for MemoryStore {
         actual: u64,
     ) -> Option<Result<(), StoreError>> {
         Some(self.settle_units(policy, key, receipt, actual))
+    }
+
+    fn set_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        quotas: &'a Override,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(
+            self.inner.overrides.set(policy, key, quotas),
+        ))
+    }
+
+    fn get_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<Override>, StoreError>> {
+        let now = self.inner.clock.now_micros();
+        Box::pin(std::future::ready(Ok(self
+            .inner
+            .overrides
+            .get(policy, key, now))))
+    }
+
+    fn clear_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let now = self.inner.clock.now_micros();
+        Box::pin(std::future::ready(Ok(self
+            .inner
+            .overrides
+            .clear(policy, key, now))))
+    }
+
+    fn list_overrides<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<Vec<(Key, Override)>, StoreError>> {
+        let now = self.inner.clock.now_micros();
+        Box::pin(std::future::ready(Ok(self
+            .inner
+            .overrides
+            .list(policy, now))))
+    }
+
+    fn block<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        block: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let result = match policy.penalty_box() {
+            None => Err(StoreError::new(
+                crate::error::StoreErrorKind::Rejected,
+                format!("policy {:?} has no penalty box", policy.name()),
+            )),
+            Some(_) => {
+                let micros = u64::try_from(block.as_micros()).unwrap_or(u64::MAX);
+                self.with_shard(policy, key, |shard, keys, now| {
+                    caller::block(policy, shard, keys, now, now.saturating_add(micros))
+                });
+                Ok(())
+            }
+        };
+        Box::pin(std::future::ready(result))
     }
 
     fn in_process(&self) -> bool {

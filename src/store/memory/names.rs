@@ -70,6 +70,19 @@ impl<'a> KeyNames<'a> {
         (0..key_count(self.policy)).map(|i| self.name(i))
     }
 
+    /// The caller's entry in the policy's penalty box: beside its
+    /// counters, in their shard, under the caller's own name even where
+    /// the counters' tag holds the policy alone.
+    pub(crate) fn penalty(&self) -> Name<'a> {
+        Name {
+            hash: mix(self.consumer.unwrap_or(self.tag), PENALTY as usize),
+            policy: self.policy.shared_name(),
+            strategy: "penalty",
+            index: PENALTY,
+            caller: Some(self.key),
+        }
+    }
+
     fn name(&self, index: usize) -> Name<'a> {
         let (hash, caller) = match self.consumer {
             None => (self.tag, Some(self.key)),
@@ -85,6 +98,9 @@ impl<'a> KeyNames<'a> {
         }
     }
 }
+
+/// The index of a caller's penalty-box entry: past any quota's.
+const PENALTY: u32 = u32::MAX;
 
 /// One key's name, as a decision looks its entry up.
 #[derive(Debug, Clone, Copy)]

@@ -22,6 +22,8 @@ pub(crate) enum State {
     /// A leaky bucket's `next_free`, µs.
     Leaky(u64),
     InFlight(InFlight),
+    /// A caller's entry in its policy's penalty box.
+    Penalty(crate::penalty::Record),
 }
 
 /// One quota's window: what was spent and when the window ends (µs).

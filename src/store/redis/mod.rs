@@ -4,6 +4,7 @@ pub(crate) mod args;
 mod batch;
 mod batchers;
 mod builder;
+mod caller;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod connection;
@@ -37,6 +38,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::overrides::Override;
 use crate::policy::Policy;
 
 /// Keeps limits in Redis, shared by every app server that uses the same Redis.
@@ -134,9 +136,15 @@ fn every_script() -> Vec<&'static LuaScript> {
     let mut all = Vec::new();
     for algorithm in crate::strategy::ALL {
         let trio = algorithm.lua();
-        all.extend([&trio.check, &trio.peek, &trio.refund]);
+        all.extend([
+            &trio.check,
+            &trio.peek,
+            &trio.refund,
+            &trio.caller_check,
+            &trio.caller_peek,
+        ]);
     }
-    all.push(&SCRIPTS.reset);
+    all.extend([&SCRIPTS.reset, &SCRIPTS.overrides, &SCRIPTS.block]);
     let twins: Vec<&LuaScript> = all.iter().filter_map(|s| s.unflagged()).collect();
     all.extend(twins);
     let batches: Vec<&LuaScript> = all.iter().filter_map(|s| s.batch()).collect();
@@ -205,6 +213,18 @@ impl RedisStore {
         }
     }
 
+    /// The store's now, µs: its clock's, or Redis's as last seen (this
+    /// machine's wall clock before any reply). For an override's end.
+    fn now_micros_estimate(&self) -> u64 {
+        match &self.inner.clock {
+            Some(clock) => clock.now_micros(),
+            None => match self.inner.offset.redis_time(Instant::now()) {
+                0 => crate::clock::SystemClock.now_micros(),
+                now => now.max(0) as u64,
+            },
+        }
+    }
+
     /// `deadline` as the scripts' `until`: store time, µs, after which a
     /// charge is no longer wanted; 0 for none (no deadline, or no estimate
     /// of Redis time yet).
@@ -252,6 +272,9 @@ impl RedisStore {
                 reply::integers(reply.map_err(|err| script.error(err))?)?
             }
         };
+        if reply.first() == Some(&reply::BLOCK_STARTED) {
+            crate::metrics::block_started(policy, "strikes");
+        }
         let now_at = if reply.first() == Some(&reply::LATE) {
             1
         } else {
@@ -279,8 +302,13 @@ impl RedisStore {
         read_only: bool,
     ) -> (&'static LuaScript, KeyList, Args) {
         let algorithm = policy.strategy().algorithm();
-        let (script, args) = algorithm.call(policy, self.now_int(), cost, read_only);
-        (script, self.inner.keys.quota_keys(policy, key), args)
+        let (script, mut args) = algorithm.call(policy, self.now_int(), cost, read_only);
+        let mut keys = self.inner.keys.quota_keys(policy, key);
+        if !policy.has_caller_rules() {
+            return (script, keys, args);
+        }
+        self.add_caller_rules(policy, key, &mut keys, &mut args);
+        (algorithm.lua().decide_with_caller(read_only), keys, args)
     }
 
     /// Frees what a pass held until its response ended (a concurrency
@@ -308,10 +336,12 @@ impl RedisStore {
         Ok(())
     }
 
-    /// One `DEL` of `key`'s own keys under `policy` (lua/reset.lua): its
-    /// keys share one hash tag, so one call on one node clears them all.
+    /// One `DEL` of `key`'s own keys under `policy` (lua/reset.lua), its
+    /// penalty-box entry with them (not its override, which is
+    /// configuration): its keys share one hash tag, so one call on one
+    /// node clears them all.
     async fn forget(&self, policy: &Policy, key: &Key) -> Result<(), StoreError> {
-        let keys: KeyList = self
+        let mut keys: KeyList = self
             .inner
             .keys
             .quota_keys(policy, key)
@@ -320,6 +350,9 @@ impl RedisStore {
             .filter(|(i, _)| policy.strategy().scope_of(*i) == Scope::Consumer)
             .map(|(_, name)| name)
             .collect();
+        if policy.penalty_box().is_some() {
+            keys.push(self.inner.keys.penalty_key(policy, key));
+        }
         if keys.is_empty() {
             return Ok(());
         }
@@ -403,7 +436,13 @@ impl RedisStore {
         deadline: Option<Instant>,
     ) -> Result<Decision, StoreError> {
         {
-            if self.inner.pre_check && cost > 0 && policy.strategy().rejection_is_stable() {
+            // A penalty box counts rejections where they are decided: a
+            // pre-check's would not count.
+            if self.inner.pre_check
+                && cost > 0
+                && policy.strategy().rejection_is_stable()
+                && policy.penalty_box().is_none()
+            {
                 match self.decide(policy, key, cost, true, 0).await {
                     Ok(decision) if !decision.allowed => return Ok(decision),
                     Ok(_) => {}
@@ -453,6 +492,47 @@ impl Store for RedisStore {
         key: &'a Key,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.forget(policy, key))
+    }
+
+    fn set_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        quotas: &'a Override,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.set_caller_override(policy, key, quotas))
+    }
+
+    fn get_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Option<Override>, StoreError>> {
+        Box::pin(self.get_caller_override(policy, key))
+    }
+
+    fn clear_override<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.clear_caller_override(policy, key))
+    }
+
+    fn list_overrides<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<Vec<(Key, Override)>, StoreError>> {
+        Box::pin(self.list_caller_overrides(policy))
+    }
+
+    fn block<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        block: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.block_caller(policy, key, block))
     }
 
     fn refund<'a>(

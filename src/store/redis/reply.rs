@@ -84,6 +84,13 @@ fn integers_of(words: &[u8]) -> Ints {
 /// follows.
 pub(crate) const LATE: i64 = -2;
 
+/// A decision reply's first integer for a caller in the penalty box
+/// (`lua/caller.lua`): refused until the reply's reset.
+const BLOCKED: i64 = 2;
+
+/// [`BLOCKED`], by the rejection that started the block.
+pub(crate) const BLOCK_STARTED: i64 = 3;
+
 /// Decodes the shared reply head, with the remaining integers as the receipt.
 pub(crate) fn decision(ints: Ints, cost: u64) -> Result<Decision, StoreError> {
     if ints.first() == Some(&LATE) {
@@ -98,6 +105,8 @@ pub(crate) fn decision(ints: Ints, cost: u64) -> Result<Decision, StoreError> {
     let decision = if ints[0] == 1 {
         let stamps = ints[HEAD..].iter().map(|&s| s.max(0) as u64);
         Decision::allowed(u(1), u(2), u(3), u(5)).with_receipt(Receipt::of(cost, stamps))
+    } else if ints[0] == BLOCKED || ints[0] == BLOCK_STARTED {
+        Decision::rejected(u(1), u(2), u(3), u(5), u(4)).blocked_until(u(3))
     } else {
         Decision::rejected(u(1), u(2), u(3), u(5), u(4))
     };

@@ -225,6 +225,19 @@ impl LuaScript {
         )
     }
 
+    /// [`batch_of`](Self::batch_of) with each decision wrapped by a
+    /// caller's rules (`lua/caller.lua`).
+    pub(crate) fn batch_of_caller(name: &'static str, source: &str) -> Self {
+        Self::batch_with(
+            suffixed(name, "_batch"),
+            &format!(
+                "{}{CALLER}run = with_caller(run)\nlocal function flush() end\n{}",
+                as_function("run", source),
+                include_str!("../../../lua/batch_decide.lua")
+            ),
+        )
+    }
+
     /// `lua/batch.lua` after `decide_and_flush`, a strategy's own batch
     /// functions `decide(keys, args)` and `flush()`, which may use the
     /// helpers of `lua/batch_prelude.lua`.
@@ -332,6 +345,23 @@ fn timed(source: &str) -> String {
     as_decide(source) + include_str!("../../../lua/timed.lua")
 }
 
+/// `source` as the function `decide`, wrapped by a caller's rules
+/// (`lua/caller.lua`).
+fn with_caller(source: &str) -> String {
+    format!(
+        "{}{CALLER}decide = with_caller(decide)\n",
+        as_decide(source)
+    )
+}
+
+/// [`with_caller`], run by `lua/timed.lua`.
+fn timed_with_caller(source: &str) -> String {
+    with_caller(source) + include_str!("../../../lua/timed.lua")
+}
+
+/// A caller's own rules around a decision: an override, the penalty box.
+const CALLER: &str = include_str!("../../../lua/caller.lua");
+
 /// What every strategy's script starts with: the helpers they share.
 const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
@@ -341,6 +371,10 @@ const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 pub(crate) struct Scripts {
     /// Forgets a caller's state under a policy (lua/reset.lua).
     pub(crate) reset: LuaScript,
+    /// An operator's change to an override (lua/override.lua).
+    pub(crate) overrides: LuaScript,
+    /// An operator's block of a caller (lua/block.lua).
+    pub(crate) block: LuaScript,
 }
 
 impl Scripts {
@@ -365,12 +399,16 @@ impl Scripts {
 }
 
 /// A strategy's scripts: its decision script (batched), the same flagged
-/// read-only for peeks, and its refund (or release) script.
+/// read-only for peeks, its refund (or release) script, and the decision
+/// and peek wrapped by a caller's own rules (`lua/caller.lua`), for a
+/// policy that has them.
 #[derive(Debug)]
 pub(crate) struct Trio {
     pub(crate) check: LuaScript,
     pub(crate) peek: LuaScript,
     pub(crate) refund: LuaScript,
+    pub(crate) caller_check: LuaScript,
+    pub(crate) caller_peek: LuaScript,
 }
 
 impl Trio {
@@ -388,10 +426,27 @@ impl Trio {
             Some(source) => LuaScript::batch_with(suffixed(name, "_batch"), source),
             None => LuaScript::batch_of(name, check),
         };
+        let caller = suffixed(name, "_caller");
         Self {
             check: LuaScript::decision(name, check).batched(batch),
             peek: LuaScript::dry_run(suffixed(name, "_peek"), check),
             refund,
+            caller_check: LuaScript::new(caller, timed_with_caller(check))
+                .batched(LuaScript::batch_of_caller(caller, check)),
+            caller_peek: LuaScript::read_only(
+                suffixed(name, "_caller_peek"),
+                &(with_caller(check) + include_str!("../../../lua/peek.lua")),
+            ),
+        }
+    }
+
+    /// The decision script wrapped by a caller's rules, or its read-only
+    /// twin.
+    pub(crate) fn decide_with_caller(&self, read_only: bool) -> &LuaScript {
+        if read_only {
+            &self.caller_peek
+        } else {
+            &self.caller_check
         }
     }
 
@@ -407,6 +462,8 @@ impl Trio {
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reset: LuaScript::new("reset", include_str!("../../../lua/reset.lua").into()),
+    overrides: LuaScript::new("override", include_str!("../../../lua/override.lua").into()),
+    block: LuaScript::new("block", include_str!("../../../lua/block.lua").into()),
 });
 
 /// The high-volume mode's bloom-filter sync: merges this server's callers

@@ -1,0 +1,240 @@
+local function decide(KEYS, ARGV, dry_run)
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first
+-- (in a lone decision, first inside its function `decide`).
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
+-- tollgate: Stripe's concurrent-request limiter.
+-- Mirrors src/strategy/concurrency.rs and, for batches, lua/concurrency_batch.lua;
+-- change all three together.
+--
+-- A sorted set of the key's requests in flight, scored by start (µs). A
+-- request of cost c adds members "<id>:0" .. "<id>:c-1", so ZCOUNT counts
+-- units. Entries started at or before now - timeout belong to app servers that
+-- crashed before releasing them: they never count, and a writing call removes
+-- them. The key expires one timeout after the last admission, when every
+-- entry in it is stale.
+--
+-- KEYS[1]  sorted set: member "<id>:<i>", score = start µs
+-- ARGV[1]  now, µs since epoch; -1 reads Redis TIME (one clock for all app servers)
+-- ARGV[2]  cost in units (slots); 0 looks without writing (the peek reuses this script)
+-- ARGV[3]  limit: slots in flight at most
+-- ARGV[4]  timeout, µs: how long an entry counts before it is presumed crashed
+-- ARGV[5]  this request's id: a random integer below 2^53, made by the app
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used (in flight), reset_at µs (newest start + timeout,
+--    or now), retry_after µs or -1, now µs, reported quota (always 0),
+--    and on a pass: the id (the release stamp)}
+--
+-- dry_run  true in the store's no-writes twin of this script (peeks and
+--          pre-checks, which may run on replicas; lua/peek.lua passes it): it
+--          then decides as if charging `cost` and writes nothing
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
+
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = ARGV[2] + 0
+local limit = ARGV[3] + 0
+local timeout = ARGV[4] + 0
+local id = ARGV[5]
+
+local floor = int(math.max(now - timeout, 0))
+if cost > 0 and not dry_run then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', floor)
+end
+local live = '(' .. floor
+local count = redis.call('ZCOUNT', KEYS[1], live, '+inf')
+local newest = nil
+if count > 0 then
+  newest = tonumber(redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', live, 'WITHSCORES', 'LIMIT', '0', '1')[2])
+end
+
+if count + cost > limit then
+  local reset, retry = now, 1000000
+  if newest then reset = newest + timeout end
+  -- The oldest entry only matters to a rejection: a pass skips the read.
+  if count > 0 then
+    local oldest = tonumber(redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
+    retry = math.min(oldest + timeout - now, 1000000)
+  end
+  return {0, limit, math.min(count, limit), reset, retry, now, 0}
+end
+
+if cost > 0 then
+  if not dry_run then
+    local score = int(now)
+    if cost == 1 then
+      -- One slot, the common case, without a table to unpack.
+      redis.call('ZADD', KEYS[1], score, id .. ':0')
+    else
+      -- At most 500 members per ZADD: `unpack` has a bounded stack.
+      local args = {}
+      for i = 0, cost - 1 do
+        args[#args + 1] = score
+        args[#args + 1] = id .. ':' .. i
+        if #args >= 1000 or i == cost - 1 then
+          redis.call('ZADD', KEYS[1], unpack(args))
+          args = {}
+        end
+      end
+    end
+    redis.call('PEXPIRE', KEYS[1], int(math.ceil(timeout / 1000)))
+  end
+  count = count + cost
+  if not newest or now > newest then newest = now end
+end
+local reset = now
+if newest then reset = newest + timeout end
+return {1, limit, count, reset, -1, now, 0, tonumber(id)}
+
+end
+-- tollgate: a caller's own rules around a strategy's decision: an
+-- operator's override of its quotas, and the penalty box. Mirrors
+-- src/store/memory/caller.rs; change both together.
+--
+-- The store puts this file after the strategy's decision function and then
+-- wraps it: `decide = with_caller(decide)` before lua/timed.lua or
+-- lua/peek.lua, `run = with_caller(run)` before lua/batch_decide.lua. The
+-- wrapped function takes the strategy's keys and arguments with these
+-- after them, and hands the strategy its own keys (its scripts count
+-- KEYS, never ARGV, so the arguments after theirs stay where they are):
+--
+-- KEYS         the strategy's keys; then the override's key when `at` > 0;
+--              then the penalty-box key when the policy has a penalty box
+-- ARGV[n]      at: where the strategy's arguments for its quotas start
+--              (1-based), which an override replaces; 0: no override key.
+--              Negative for a policy with a penalty box: then -ARGV[n] - 1
+--              is `at`, and four more come before it:
+-- ARGV[n - 4]  strikes: rejections within `span` that start a block
+-- ARGV[n - 3]  span, µs
+-- ARGV[n - 2]  block, µs: the first block
+-- ARGV[n - 1]  cap, µs: the longest block; each block after the first
+--              doubles up to it
+--
+-- The override key holds `until` (µs, 0 for never) and the strategy's
+-- quota arguments, then `|` and the quotas as the operator gave them:
+-- `until a1 a2 ...|until limit window ...`. The penalty-box key is a hash: b =
+-- blocked until, s = strikes, e = end of the strikes' span, n = blocks so
+-- far (µs since the epoch); it expires a second after its strikes stop
+-- counting and a cap after its block ends, and past that counts as none
+-- whether or not it expired (replicas do not expire keys, and a store's own
+-- clock may run apart from Redis's).
+--
+-- Reply: the strategy's, but while the caller is blocked {2, limit, used,
+-- block end, block end - now, now, reported quota}: what its counters say
+-- (nothing written), refused until the block ends. The rejection that
+-- starts a block replies so too, with 3 first instead of 2.
+
+local function with_caller(inner)
+  return function(KEYS, ARGV, dry_run)
+    local n, nk = #ARGV, #KEYS
+    local at, penalty = ARGV[n] + 0, nil
+    if at < 0 then at, penalty = -at - 1, n - 4 end
+    local box, override = nil, nil
+    if penalty then box = KEYS[nk]; KEYS[nk] = nil; nk = nk - 1 end
+    if at > 0 then override = KEYS[nk]; KEYS[nk] = nil end
+
+    local now = ARGV[1] + 0
+    if now < 0 then
+      local t = redis.call('TIME')
+      now = t[1] * 1000000 + t[2]
+      ARGV[1] = now
+    end
+
+    if override then
+      local v = redis.call('GET', override)
+      if v then
+        local untl, args = string.match(v, '^(%d+) ([^|]*)|')
+        if untl and (untl + 0 == 0 or untl + 0 > now) then
+          local i = at
+          for a in string.gmatch(args, '%S+') do
+            ARGV[i] = a
+            i = i + 1
+          end
+        end
+      end
+    end
+
+    local reply
+    if box then
+      local strikes = ARGV[penalty] + 0
+      local cap = ARGV[penalty + 3] + 0
+      local p = redis.call('HMGET', box, 'b', 's', 'e', 'n')
+      local b = tonumber(p[1]) or 0
+      if math.max(tonumber(p[3]) or 0, b + cap) <= now then p, b = {}, 0 end
+      local cost = ARGV[2]
+      if b > now then
+        ARGV[2] = '0'
+        local r = inner(KEYS, ARGV, true)
+        ARGV[2] = cost
+        reply = {2, r[2], math.min(r[3], r[2]), b, b - now, now, r[7]}
+      else
+        reply = inner(KEYS, ARGV, dry_run)
+        if reply[1] == 0 and not dry_run and cost + 0 > 0 then
+          local s, e, blocks = tonumber(p[2]) or 0, tonumber(p[3]) or 0, tonumber(p[4]) or 0
+          local span, block = ARGV[penalty + 1] + 0, ARGV[penalty + 2] + 0
+          if e > now then s = s + 1 else s, e = 1, now + span end
+          if s >= strikes then
+            b = now + math.floor(math.min(block * 2 ^ blocks, cap))
+            blocks, s = blocks + 1, 0
+            reply = {3, reply[2], math.min(reply[3], reply[2]), b, b - now, now, reply[7]}
+          end
+          redis.call('HSET', box, 'b', string.format('%d', b), 's', s,
+            'e', string.format('%d', e), 'n', blocks)
+          local keep = math.max(e, b + cap)
+          redis.call('PEXPIRE', box, string.format('%d', math.ceil((keep - now) / 1000) + 1000))
+        end
+      end
+    else
+      reply = inner(KEYS, ARGV, dry_run)
+    end
+
+    if override then KEYS[#KEYS + 1] = override end
+    if box then KEYS[#KEYS + 1] = box end
+    return reply
+  end
+end
+decide = with_caller(decide)
+-- tollgate: a charging decision script's reply as one string of 8-byte
+-- big-endian integers, as lua/packed.lua makes it, unless the call came
+-- too late. The store puts the decision script before this file, as the
+-- function `decide(KEYS, ARGV, dry_run)` (run here with `dry_run` false:
+-- it charges), and folds the deadline into the script's own `now`:
+--
+-- ARGV[1]   -1: read Redis TIME, no deadline; below -1: read Redis TIME, and
+--           -ARGV[1] is `until`, the Redis time (µs) after which no one
+--           waits for the answer; 0 or more: the store's own clock's now
+--           (µs), with no deadline
+--
+-- A call Redis runs after `until` (Redis was frozen, or busy, while the
+-- request's deadline passed and the layer decided without it) writes
+-- nothing and replies {-2, now}: its request was already answered, and
+-- charging it would count a request twice. Folded into `now`, the deadline
+-- costs no argument of its own, and TIME is still read once: the `now`
+-- read here is handed on as a number, which the script's `ARGV[1] + 0`
+-- takes as it is.
+local now = ARGV[1] + 0
+if now < -1 then
+  local t = redis.call('TIME')
+  local at = t[1] * 1000000 + t[2]
+  if at > -now then return struct.pack('>ll', -2, at) end
+  ARGV[1] = at
+end
+local reply = decide(KEYS, ARGV, false)
+if type(reply) == 'table' and reply.err == nil then
+  return struct.pack('>' .. string.rep('l', #reply), unpack(reply))
+end
+return reply

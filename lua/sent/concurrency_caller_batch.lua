@@ -1,0 +1,385 @@
+-- tollgate: the helpers every strategy's script shares (its decision, the
+-- no-writes twin, the batch and the refund). The store puts this file first
+-- (in a lone decision, first inside its function `decide`).
+
+-- A number as Redis should store it: every digit, never an exponent. An
+-- integer, nearly every number here, takes '%d': Redis's Lua formats it
+-- in half the time '%.0f' takes.
+local function int(x)
+  if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
+  return string.format('%.0f', x)
+end
+-- tollgate: what every strategy's batch (lua/*_batch.lua) shares, beside
+-- lua/prelude.lua; the store puts it after that one.
+
+-- An ARGV string as a number, converted once per call: a flood sends the same
+-- few numbers over and over, and Redis's Lua turns a string into a number
+-- with strtod, which costs more than a table lookup. `arg + 0` converts once;
+-- Lua 5.1's tonumber converts twice.
+local numbers = {}
+
+local function num(arg)
+  local n = numbers[arg]
+  if n == nil then
+    n = arg + 0
+    numbers[arg] = n
+  end
+  return n
+end
+
+-- For a strategy that keeps one number per key as a string (GCRA's TAT, the
+-- leaky bucket's next_free): `kept(key)` is the key's state in this call,
+-- its `value` read with GET on first use; a pass sets `value` and `px`, and
+-- `write_back` then SETs each moved value once, with the last pass's expiry.
+local kept_state, kept_order = {}, {}
+
+local function kept(key)
+  local s = kept_state[key]
+  if s == nil then
+    s = {value = tonumber(redis.call('GET', key))}
+    kept_state[key] = s
+    kept_order[#kept_order + 1] = key
+  end
+  return s
+end
+
+local function write_back()
+  for _, key in ipairs(kept_order) do
+    local s = kept_state[key]
+    if s.px then redis.call('SET', key, int(s.value), 'PX', int(s.px)) end
+  end
+end
+
+local function run(KEYS, ARGV, dry_run)
+-- tollgate: Stripe's concurrent-request limiter.
+-- Mirrors src/strategy/concurrency.rs and, for batches, lua/concurrency_batch.lua;
+-- change all three together.
+--
+-- A sorted set of the key's requests in flight, scored by start (µs). A
+-- request of cost c adds members "<id>:0" .. "<id>:c-1", so ZCOUNT counts
+-- units. Entries started at or before now - timeout belong to app servers that
+-- crashed before releasing them: they never count, and a writing call removes
+-- them. The key expires one timeout after the last admission, when every
+-- entry in it is stale.
+--
+-- KEYS[1]  sorted set: member "<id>:<i>", score = start µs
+-- ARGV[1]  now, µs since epoch; -1 reads Redis TIME (one clock for all app servers)
+-- ARGV[2]  cost in units (slots); 0 looks without writing (the peek reuses this script)
+-- ARGV[3]  limit: slots in flight at most
+-- ARGV[4]  timeout, µs: how long an entry counts before it is presumed crashed
+-- ARGV[5]  this request's id: a random integer below 2^53, made by the app
+--
+-- Reply, integers only:
+--   {allowed 1|0, limit, used (in flight), reset_at µs (newest start + timeout,
+--    or now), retry_after µs or -1, now µs, reported quota (always 0),
+--    and on a pass: the id (the release stamp)}
+--
+-- dry_run  true in the store's no-writes twin of this script (peeks and
+--          pre-checks, which may run on replicas; lua/peek.lua passes it): it
+--          then decides as if charging `cost` and writes nothing
+--
+-- `int` comes from lua/prelude.lua, which the store puts first.
+
+-- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
+-- converts it twice (strtod each time).
+local now = ARGV[1] + 0
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local cost = ARGV[2] + 0
+local limit = ARGV[3] + 0
+local timeout = ARGV[4] + 0
+local id = ARGV[5]
+
+local floor = int(math.max(now - timeout, 0))
+if cost > 0 and not dry_run then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', floor)
+end
+local live = '(' .. floor
+local count = redis.call('ZCOUNT', KEYS[1], live, '+inf')
+local newest = nil
+if count > 0 then
+  newest = tonumber(redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', live, 'WITHSCORES', 'LIMIT', '0', '1')[2])
+end
+
+if count + cost > limit then
+  local reset, retry = now, 1000000
+  if newest then reset = newest + timeout end
+  -- The oldest entry only matters to a rejection: a pass skips the read.
+  if count > 0 then
+    local oldest = tonumber(redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
+    retry = math.min(oldest + timeout - now, 1000000)
+  end
+  return {0, limit, math.min(count, limit), reset, retry, now, 0}
+end
+
+if cost > 0 then
+  if not dry_run then
+    local score = int(now)
+    if cost == 1 then
+      -- One slot, the common case, without a table to unpack.
+      redis.call('ZADD', KEYS[1], score, id .. ':0')
+    else
+      -- At most 500 members per ZADD: `unpack` has a bounded stack.
+      local args = {}
+      for i = 0, cost - 1 do
+        args[#args + 1] = score
+        args[#args + 1] = id .. ':' .. i
+        if #args >= 1000 or i == cost - 1 then
+          redis.call('ZADD', KEYS[1], unpack(args))
+          args = {}
+        end
+      end
+    end
+    redis.call('PEXPIRE', KEYS[1], int(math.ceil(timeout / 1000)))
+  end
+  count = count + cost
+  if not newest or now > newest then newest = now end
+end
+local reset = now
+if newest then reset = newest + timeout end
+return {1, limit, count, reset, -1, now, 0, tonumber(id)}
+
+end
+-- tollgate: a caller's own rules around a strategy's decision: an
+-- operator's override of its quotas, and the penalty box. Mirrors
+-- src/store/memory/caller.rs; change both together.
+--
+-- The store puts this file after the strategy's decision function and then
+-- wraps it: `decide = with_caller(decide)` before lua/timed.lua or
+-- lua/peek.lua, `run = with_caller(run)` before lua/batch_decide.lua. The
+-- wrapped function takes the strategy's keys and arguments with these
+-- after them, and hands the strategy its own keys (its scripts count
+-- KEYS, never ARGV, so the arguments after theirs stay where they are):
+--
+-- KEYS         the strategy's keys; then the override's key when `at` > 0;
+--              then the penalty-box key when the policy has a penalty box
+-- ARGV[n]      at: where the strategy's arguments for its quotas start
+--              (1-based), which an override replaces; 0: no override key.
+--              Negative for a policy with a penalty box: then -ARGV[n] - 1
+--              is `at`, and four more come before it:
+-- ARGV[n - 4]  strikes: rejections within `span` that start a block
+-- ARGV[n - 3]  span, µs
+-- ARGV[n - 2]  block, µs: the first block
+-- ARGV[n - 1]  cap, µs: the longest block; each block after the first
+--              doubles up to it
+--
+-- The override key holds `until` (µs, 0 for never) and the strategy's
+-- quota arguments, then `|` and the quotas as the operator gave them:
+-- `until a1 a2 ...|until limit window ...`. The penalty-box key is a hash: b =
+-- blocked until, s = strikes, e = end of the strikes' span, n = blocks so
+-- far (µs since the epoch); it expires a second after its strikes stop
+-- counting and a cap after its block ends, and past that counts as none
+-- whether or not it expired (replicas do not expire keys, and a store's own
+-- clock may run apart from Redis's).
+--
+-- Reply: the strategy's, but while the caller is blocked {2, limit, used,
+-- block end, block end - now, now, reported quota}: what its counters say
+-- (nothing written), refused until the block ends. The rejection that
+-- starts a block replies so too, with 3 first instead of 2.
+
+local function with_caller(inner)
+  return function(KEYS, ARGV, dry_run)
+    local n, nk = #ARGV, #KEYS
+    local at, penalty = ARGV[n] + 0, nil
+    if at < 0 then at, penalty = -at - 1, n - 4 end
+    local box, override = nil, nil
+    if penalty then box = KEYS[nk]; KEYS[nk] = nil; nk = nk - 1 end
+    if at > 0 then override = KEYS[nk]; KEYS[nk] = nil end
+
+    local now = ARGV[1] + 0
+    if now < 0 then
+      local t = redis.call('TIME')
+      now = t[1] * 1000000 + t[2]
+      ARGV[1] = now
+    end
+
+    if override then
+      local v = redis.call('GET', override)
+      if v then
+        local untl, args = string.match(v, '^(%d+) ([^|]*)|')
+        if untl and (untl + 0 == 0 or untl + 0 > now) then
+          local i = at
+          for a in string.gmatch(args, '%S+') do
+            ARGV[i] = a
+            i = i + 1
+          end
+        end
+      end
+    end
+
+    local reply
+    if box then
+      local strikes = ARGV[penalty] + 0
+      local cap = ARGV[penalty + 3] + 0
+      local p = redis.call('HMGET', box, 'b', 's', 'e', 'n')
+      local b = tonumber(p[1]) or 0
+      if math.max(tonumber(p[3]) or 0, b + cap) <= now then p, b = {}, 0 end
+      local cost = ARGV[2]
+      if b > now then
+        ARGV[2] = '0'
+        local r = inner(KEYS, ARGV, true)
+        ARGV[2] = cost
+        reply = {2, r[2], math.min(r[3], r[2]), b, b - now, now, r[7]}
+      else
+        reply = inner(KEYS, ARGV, dry_run)
+        if reply[1] == 0 and not dry_run and cost + 0 > 0 then
+          local s, e, blocks = tonumber(p[2]) or 0, tonumber(p[3]) or 0, tonumber(p[4]) or 0
+          local span, block = ARGV[penalty + 1] + 0, ARGV[penalty + 2] + 0
+          if e > now then s = s + 1 else s, e = 1, now + span end
+          if s >= strikes then
+            b = now + math.floor(math.min(block * 2 ^ blocks, cap))
+            blocks, s = blocks + 1, 0
+            reply = {3, reply[2], math.min(reply[3], reply[2]), b, b - now, now, reply[7]}
+          end
+          redis.call('HSET', box, 'b', string.format('%d', b), 's', s,
+            'e', string.format('%d', e), 'n', blocks)
+          local keep = math.max(e, b + cap)
+          redis.call('PEXPIRE', box, string.format('%d', math.ceil((keep - now) / 1000) + 1000))
+        end
+      end
+    else
+      reply = inner(KEYS, ARGV, dry_run)
+    end
+
+    if override then KEYS[#KEYS + 1] = override end
+    if box then KEYS[#KEYS + 1] = box end
+    return reply
+  end
+end
+run = with_caller(run)
+local function flush() end
+-- tollgate: the `decide` that lua/batch.lua calls for a strategy without its
+-- own: the store puts the decision script before this file as
+-- `run(KEYS, ARGV, dry_run)`, and each decision runs it on its own keys and arguments,
+-- exactly as it would run alone. The store adds an empty `flush`.
+
+-- The tables of the decision before, reused when a decision repeats its
+-- keys and arguments (a flood of one caller): the scripts only read them.
+local last_keys, last_args, last = nil, nil, {}
+
+local function decide(k, nk, a, na, now)
+  if last_keys and last[1] == k and last[2] == nk and last[3] == a and last[4] == na
+    and last[5] == now then
+    return run(last_keys, last_args, false)
+  end
+  local keys, args = {}, {}
+  for i = 1, nk do keys[i] = KEYS[k + i] end
+  for i = 1, na do args[i] = ARGV[a + i] end
+  if now then args[1] = now end
+  last_keys, last_args, last = keys, args, {k, nk, a, na, now}
+  return run(keys, args, false)
+end
+
+-- tollgate: several decisions of one strategy in one script call.
+--
+-- The store puts a strategy's `decide(k, nk, a, na, now, id)` and `flush()`
+-- before this file. A decision's keys are KEYS[k + 1 .. k + nk], its
+-- arguments ARGV[a + 1 .. a + na]; `now` is Redis TIME (µs) when the decision
+-- asked for it (its first argument is -1), else nil. For most strategies
+-- `decide` wraps the decision script and `flush` is empty, so each decision
+-- runs exactly the code it would run alone, one after the other, atomically;
+-- lua/fixed_window_batch.lua brings its own, which reads and writes each key
+-- once per call (`flush` runs once, after every decision). Redis TIME is read
+-- once for the whole call: one clock for every decision.
+--
+-- KEYS         every decision's keys, one decision after the other; a
+--              decision that repeats the keys before it sends none
+-- ARGV[1]      n, the number of decisions
+-- ARGV[2]      until: the store time (µs, the decisions' clock) after which
+--              no one waits for the earliest of them; 0 when the store
+--              cannot tell. A charging decision the call reaches after it
+--              writes nothing and replies {-2, now} (late), as
+--              lua/timed.lua does for a lone call: the whole batch is then
+--              late, as its first request's answer would be. A give-back
+--              (a concurrency release: two arguments and no time) always
+--              runs: giving back only lowers a count.
+-- then for each decision: '=' when it has the keys and arguments of the
+-- decision before (a flood of one caller); '#' and a request id when it
+-- has them but for its own id (a flood of the sliding log or the
+-- concurrency limit, whose `decide` takes the id given, if any, over its
+-- argument's); else its key count (-1: the keys of the decision before,
+-- sent once), its argument count (-1: the arguments of the decision
+-- before, sent once) and arguments.
+--
+-- Reply: one string, each decision's reply packed after the one before: n
+-- (2 bytes, big-endian, at least 1) and the n integers its script returns
+-- alone, 8-byte big-endian; or, if it failed, a zero (2 bytes), the
+-- message's length (2 bytes) and the message, its code first (e.g.
+-- `WRONGTYPE ...`); the
+-- other decisions still count. One string, not an array of arrays, because
+-- Redis and the client then convert and parse one value per call instead of
+-- some eight per decision, and an error reply would fail the whole call in
+-- the client; packed, not formatted, because the client then reads each
+-- integer with a load instead of parsing its digits.
+
+local now = nil
+local formats = {}
+
+-- A reply table packed by one C call; a strategy's own `decide` may return
+-- its reply packed already.
+local function packed(reply)
+  if type(reply) ~= 'table' then return reply end
+  local n = #reply
+  local f = formats[n]
+  if f == nil then
+    f = '>H' .. string.rep('l', n)
+    formats[n] = f
+  end
+  return struct.pack(f, n, unpack(reply))
+end
+
+-- k: the keys used so far; a: the next decision's first argument. A
+-- decision's keys are KEYS[kn + 1 .. kn + nk], its arguments ARGV[an + 1 ..
+-- an + na].
+local out, k, a = {}, 0, 3
+local until_ = num(ARGV[2])
+local kn, nk, an, na = 0, 0, 0, 0
+-- id: the request id a '#' gave, kept by the '=' after it (the same
+-- decision again), dropped by a decision that sends its arguments.
+local id = nil
+for c = 1, num(ARGV[1]) do
+  local marker = ARGV[a]
+  if marker == '=' then
+    a = a + 1
+  elseif marker == '#' then
+    id = ARGV[a + 1]
+    a = a + 2
+  else
+    id = nil
+    if marker ~= '-1' then
+      kn, nk = k, num(ARGV[a])
+      k = k + nk
+    end
+    local count = num(ARGV[a + 1])
+    a = a + 2
+    if count >= 0 then
+      an, na = a - 1, count
+      a = a + count
+    end
+  end
+  local t = nil
+  if ARGV[an + 1] == '-1' then
+    if now == nil then
+      local time = redis.call('TIME')
+      now = time[1] * 1000000 + time[2]
+    end
+    t = now
+  end
+  local ok, reply
+  if until_ > 0 and na ~= 2 and (t or num(ARGV[an + 1])) > until_ then
+    ok, reply = true, {-2, t or num(ARGV[an + 1])}
+  else
+    ok, reply = pcall(decide, kn, nk, an, na, t, id)
+  end
+  if ok then
+    out[c] = packed(reply)
+  else
+    local message = type(reply) == 'table' and reply.err or tostring(reply)
+    message = string.sub(message, 1, 65535)
+    out[c] = struct.pack('>HHc0', 0, #message, message)
+  end
+end
+flush()
+return table.concat(out)

@@ -1,0 +1,418 @@
+//! Limits operators change at runtime, through the `RateLimiter` handle and
+//! the layer: per-caller overrides, the penalty box and limits that come
+//! with the request, across two app servers on one Redis.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use support::conformance::T0;
+use support::redis::{evalsha_calls, RedisServer};
+use tollgate::clock::ManualClock;
+use tollgate::layer::LocalCache;
+use tollgate::{
+    AdminError, ConfigError, Key, MemoryStore, Override, PenaltyBox, Policy, Quota, RateLimitLayer,
+    RateLimiter, RedisStore, Store,
+};
+use tower::ServiceExt;
+
+fn n(x: u32) -> NonZeroU32 {
+    NonZeroU32::new(x).unwrap()
+}
+
+fn per_minute(x: u32) -> Quota {
+    Quota::per_minute(n(x))
+}
+
+/// A store on `server` under `prefix`, on `clock`: one app server's.
+async fn app_server(server: &RedisServer, prefix: &str, clock: &ManualClock) -> RedisStore {
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    RedisStore::from_manager(conn)
+        .prefix(prefix)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// The caller as `Key::new` of its `X-Api-Key`, so the handle names it as
+/// the layer does.
+fn api_key(parts: &axum::http::request::Parts) -> Result<Key, tollgate::KeyError> {
+    let key = parts.headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    key.map(Key::new)
+        .ok_or(tollgate::KeyError::Missing("X-Api-Key"))
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+async fn get_as(app: &Router, who: &str, plan: Option<&str>) -> axum::response::Response {
+    let mut request = Request::get("/").header("x-api-key", who);
+    if let Some(plan) = plan {
+        request = request.header("x-plan", plan);
+    }
+    app.clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+fn header(response: &axum::response::Response, name: &str) -> String {
+    response.headers()[name].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn an_override_set_through_one_server_applies_on_the_other_at_its_next_decision() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = Policy::fixed_window("api", per_minute(2)).overridable();
+    let a = RateLimiter::new(policy.clone(), app_server(&redis, "rt", &clock).await).unwrap();
+    let b = RateLimiter::new(policy, app_server(&redis, "rt", &clock).await).unwrap();
+    let acme = Key::new("acme");
+
+    assert!(a.check(&acme, 2).await.unwrap().allowed);
+    assert!(!b.check(&acme, 1).await.unwrap().allowed);
+    a.set_override(&acme, Override::new(per_minute(5)))
+        .await
+        .unwrap();
+    let next = b.check(&acme, 1).await.unwrap();
+    assert!(next.allowed, "{next:?}");
+    assert_eq!(
+        (next.limit, next.remaining),
+        (5, 2),
+        "the same window, judged by 5"
+    );
+    assert_eq!(
+        b.get_override(&acme).await.unwrap(),
+        Some(Override::new(per_minute(5)))
+    );
+    assert_eq!(
+        b.list_overrides().await.unwrap(),
+        vec![(acme.clone(), Override::new(per_minute(5)))]
+    );
+    assert!(b.peek(&acme).await.unwrap().limit == 5, "peeks show it");
+
+    assert!(b.clear_override(&acme).await.unwrap());
+    let back = a.check(&acme, 1).await.unwrap();
+    assert!(!back.allowed);
+    assert_eq!(back.limit, 2);
+    assert!(a.list_overrides().await.unwrap().is_empty());
+    assert!(
+        !a.clear_override(&acme).await.unwrap(),
+        "nothing left to clear"
+    );
+}
+
+#[tokio::test]
+async fn a_block_started_by_one_server_is_refused_by_both_and_cached_until_it_ends() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let one_strike = PenaltyBox::new(n(1), Duration::from_secs(60), Duration::from_secs(300))
+        .unwrap()
+        .doubling_up_to(Duration::from_secs(3600))
+        .unwrap();
+    let policy = Policy::fixed_window("login", per_minute(1)).with_penalty_box(one_strike);
+    let layer = |store| {
+        RateLimitLayer::builder()
+            .policy(policy.clone())
+            .key(api_key)
+            .store(store)
+            .local_cache(LocalCache::new(100).clock(clock.clone()))
+            .build()
+            .unwrap()
+    };
+    let a = app(layer(app_server(&redis, "pb", &clock).await));
+    let b_layer = layer(app_server(&redis, "pb", &clock).await);
+    let b_limiter = b_layer.limiter();
+    let b = app(b_layer);
+
+    assert_eq!(get_as(&a, "eve", None).await.status(), StatusCode::OK);
+    clock.advance(Duration::from_secs(1));
+    // Rejected, and that strike is the last one allowed: a block starts.
+    let struck = get_as(&a, "eve", None).await;
+    assert_eq!(struck.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&struck, "retry-after"), "300");
+    let block_end = (T0 + 301_000_000).div_ceil(1_000_000);
+    assert_eq!(header(&struck, "x-ratelimit-reset"), block_end.to_string());
+
+    // The other server asks Redis once, then repeats the block locally.
+    clock.advance(Duration::from_secs(100));
+    let calls = evalsha_calls(&redis);
+    let refused = get_as(&b, "eve", None).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after"), "200");
+    assert_eq!(header(&refused, "x-ratelimit-reset"), block_end.to_string());
+    assert_eq!(evalsha_calls(&redis), calls + 1);
+    let again = get_as(&b, "eve", None).await;
+    assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        evalsha_calls(&redis),
+        calls + 1,
+        "the block from the local cache"
+    );
+
+    // An operator's reset on one server lets the caller out on that one.
+    b_limiter.reset(&Key::new("eve")).await.unwrap();
+    assert_eq!(get_as(&b, "eve", None).await.status(), StatusCode::OK);
+
+    // A block by hand on one server is refused by the other.
+    b_limiter
+        .block(&Key::new("mallory"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let blocked = get_as(&a, "mallory", None).await;
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&blocked, "retry-after"), "60");
+}
+
+#[tokio::test]
+async fn the_local_cache_lets_a_caller_through_after_its_limit_was_raised() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = Policy::fixed_window("api", per_minute(1)).overridable();
+    let cached = |store| {
+        RateLimitLayer::builder()
+            .policy(policy.clone())
+            .key(api_key)
+            .store(store)
+            .local_cache(LocalCache::new(100).clock(clock.clone()))
+            .build()
+            .unwrap()
+    };
+    let here_layer = cached(app_server(&redis, "lc", &clock).await);
+    let here_limiter = here_layer.limiter();
+    let here = app(here_layer);
+    let elsewhere =
+        RateLimiter::new(policy.clone(), app_server(&redis, "lc", &clock).await).unwrap();
+
+    // Raised on this server: its cache forgets the caller at once.
+    assert_eq!(get_as(&here, "ann", None).await.status(), StatusCode::OK);
+    assert_eq!(
+        get_as(&here, "ann", None).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    here_limiter
+        .set_override(&Key::new("ann"), Override::new(per_minute(3)))
+        .await
+        .unwrap();
+    let through = get_as(&here, "ann", None).await;
+    assert_eq!(through.status(), StatusCode::OK);
+    assert_eq!(header(&through, "x-ratelimit-limit"), "3");
+
+    // Raised on another server: this cache keeps the rejection at most a
+    // second (Envoy ratelimit #1077 kept it until the window's end).
+    assert_eq!(get_as(&here, "bob", None).await.status(), StatusCode::OK);
+    assert_eq!(
+        get_as(&here, "bob", None).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let calls = evalsha_calls(&redis);
+    assert_eq!(
+        get_as(&here, "bob", None).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(evalsha_calls(&redis), calls, "from the cache");
+    elsewhere
+        .set_override(&Key::new("bob"), Override::new(per_minute(3)))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(1));
+    let through = get_as(&here, "bob", None).await;
+    assert_eq!(through.status(), StatusCode::OK);
+    assert_eq!(header(&through, "x-ratelimit-limit"), "3");
+}
+
+#[tokio::test]
+async fn bad_overrides_and_blocks_are_refused_and_nothing_is_stored() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let store = app_server(&redis, "bad", &clock).await;
+    let fixed = RateLimiter::new(
+        Policy::fixed_window("api", per_minute(5)).overridable(),
+        store.clone(),
+    )
+    .unwrap();
+    let plain =
+        RateLimiter::new(Policy::fixed_window("plain", per_minute(5)), store.clone()).unwrap();
+    let gate = RateLimiter::new(
+        Policy::uniform_gate("gate", Duration::from_secs(10))
+            .unwrap()
+            .overridable(),
+        store.clone(),
+    )
+    .unwrap();
+    let gcra = RateLimiter::new(
+        Policy::gcra("gcra", per_minute(5), n(5)).overridable(),
+        store.clone(),
+    )
+    .unwrap();
+    let who = Key::new("who");
+
+    assert_eq!(
+        Quota::new(0, Duration::from_secs(60)),
+        Err(ConfigError::LimitZero)
+    );
+    let too_many = Override::new(per_minute(5)).and(per_minute(50));
+    let too_fast = Override::new(Quota::new(u32::MAX, Duration::from_millis(1)).unwrap());
+    let two_per_span = Override::new(Quota::new(2, Duration::from_secs(10)).unwrap());
+    for (limiter, bad) in [
+        (&plain, Override::new(per_minute(50))),
+        (&fixed, too_many),
+        (&gate, two_per_span),
+        (&gcra, too_fast),
+    ] {
+        let err = limiter.set_override(&who, bad).await.unwrap_err();
+        assert!(
+            matches!(err, AdminError::Invalid(ConfigError::Override { .. })),
+            "{err}"
+        );
+        assert!(!err.to_string().is_empty());
+    }
+    for limiter in [&fixed, &gate, &gcra] {
+        assert_eq!(limiter.get_override(&who).await.unwrap(), None);
+        assert!(limiter.list_overrides().await.unwrap().is_empty());
+    }
+    let err = fixed
+        .block(&who, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AdminError::Invalid(ConfigError::PenaltyBox { .. })),
+        "{err}"
+    );
+    let boxed = RateLimiter::new(
+        Policy::fixed_window("boxed", per_minute(5)).with_penalty_box(
+            PenaltyBox::new(n(1), Duration::from_secs(1), Duration::from_secs(1)).unwrap(),
+        ),
+        store,
+    )
+    .unwrap();
+    let err = boxed.block(&who, Duration::ZERO).await.unwrap_err();
+    assert!(
+        matches!(err, AdminError::Invalid(ConfigError::PenaltyBox { .. })),
+        "{err}"
+    );
+    assert!(
+        boxed.check(&who, 1).await.unwrap().allowed,
+        "no block stored"
+    );
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("bad:*")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(keys.len(), 1, "only the one check's counter: {keys:?}");
+
+    // A store that keeps no overrides says so.
+    #[derive(Debug, Clone)]
+    struct Plain(MemoryStore);
+    impl Store for Plain {
+        fn check<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a Key,
+            cost: u64,
+        ) -> tollgate::store::BoxFuture<'a, Result<tollgate::Decision, tollgate::StoreError>>
+        {
+            self.0.check(policy, key, cost)
+        }
+        fn peek<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a Key,
+        ) -> tollgate::store::BoxFuture<'a, Result<tollgate::Decision, tollgate::StoreError>>
+        {
+            self.0.peek(policy, key)
+        }
+        fn refund<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a Key,
+            receipt: &'a tollgate::decision::Receipt,
+        ) -> tollgate::store::BoxFuture<'a, Result<(), tollgate::StoreError>> {
+            self.0.refund(policy, key, receipt)
+        }
+    }
+    let yours = RateLimiter::new(
+        Policy::fixed_window("api", per_minute(5)).overridable(),
+        Plain(MemoryStore::new()),
+    )
+    .unwrap();
+    let err = yours
+        .set_override(&who, Override::new(per_minute(50)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AdminError::Store(_)), "{err}");
+    assert!(err.to_string().contains("cannot keep overrides"), "{err}");
+}
+
+#[tokio::test]
+async fn a_limit_from_the_request_judges_the_caller_and_an_override_beats_it() {
+    for store in [
+        None,
+        Some(app_server(&RedisServer::start(), "plan", &ManualClock::new(T0)).await),
+    ] {
+        let builder = RateLimitLayer::builder()
+            .policy(Policy::fixed_window("api", per_minute(2)).overridable())
+            .key(api_key)
+            .limit_from_request(1..=10, |parts| {
+                parts.headers.get("x-plan")?.to_str().ok()?.parse().ok()
+            });
+        let layer = match store {
+            Some(store) => builder.store(store),
+            None => builder.store(MemoryStore::new()),
+        }
+        .build()
+        .unwrap();
+        let limiter = layer.limiter();
+        let app = app(layer);
+
+        let plan = get_as(&app, "ann", Some("3")).await;
+        assert_eq!(header(&plan, "x-ratelimit-limit"), "3");
+        assert_eq!(header(&plan, "x-ratelimit-remaining"), "2");
+        // One state whatever limit judges it; out of bounds is clamped.
+        let clamped = get_as(&app, "ann", Some("1000")).await;
+        assert_eq!(header(&clamped, "x-ratelimit-limit"), "10");
+        assert_eq!(header(&clamped, "x-ratelimit-remaining"), "8");
+        let none = get_as(&app, "ann", None).await;
+        assert_eq!(
+            none.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "the policy's 2"
+        );
+        assert_eq!(header(&none, "x-ratelimit-limit"), "2");
+        // A stored override beats what the request brings.
+        limiter
+            .set_override(&Key::new("ann"), Override::new(per_minute(50)))
+            .await
+            .unwrap();
+        let over = get_as(&app, "ann", Some("3")).await;
+        assert_eq!(over.status(), StatusCode::OK);
+        assert_eq!(header(&over, "x-ratelimit-limit"), "50");
+        assert_eq!(header(&over, "x-ratelimit-remaining"), "47");
+    }
+    for (min, max) in [(0, 5), (6, 5)] {
+        let err = RateLimitLayer::builder()
+            .policy(Policy::fixed_window("api", per_minute(2)))
+            .limit_from_request(min..=max, |_| None)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, ConfigError::RequestLimits { .. }), "{err}");
+    }
+    let err = RateLimitLayer::builder()
+        .policy(Policy::uniform_gate("gate", Duration::from_secs(1)).unwrap())
+        .limit_from_request(1..=2, |_| None)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::UniformGateLimit { .. }), "{err}");
+}
