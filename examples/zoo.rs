@@ -66,6 +66,11 @@
 //!   and burst, without and with its `use_headers()` (two headers on a
 //!   pass) (`zoo_parts/bench.rs`).
 //! - `GET /tiers/tigerfeeding`: tiers, as GitHub's API (`zoo_parts/tiers.rs`).
+//! - `GET /tokens/tigerfeeding?used=N`: a cost known only when the response
+//!   is done: `ZOO_TOKENS_ESTIMATE` (1) charged at the start, settled to the
+//!   `N` units the handler reports (`ActualCost`), `ZOO_TOKENS_LIMIT` (100)
+//!   per `ZOO_TOKENS_WINDOW_SECS` (60) per caller; a bad `used` is a 400
+//!   that keeps the estimate (`zoo_parts/tokens.rs`).
 //! - `POST /login`: `X-Password: stripes` logs in; only failed attempts are
 //!   counted, `ZOO_LOGIN_FAILURES` (3) per `ZOO_LOGIN_WINDOW_SECS` (60) per
 //!   caller, with the `RateLimiter` handle (`zoo_parts/accounts.rs`).
@@ -107,6 +112,8 @@ mod holding;
 mod instant;
 #[path = "zoo_parts/tiers.rs"]
 mod tiers;
+#[path = "zoo_parts/tokens.rs"]
+mod tokens;
 
 use tollgate::headers::RateLimitHeaders;
 use tollgate::store::Leases;
@@ -128,6 +135,7 @@ struct Settings {
     holding: holding::HoldingSettings,
     tiers: tiers::TierSettings,
     accounts: accounts::AccountSettings,
+    tokens: tokens::TokenSettings,
     calls_in_flight: Option<NonZeroUsize>,
     /// `ZOO_LEASES=1`: `/tigerfeeding` on a leasing Redis store.
     leases: bool,
@@ -184,6 +192,7 @@ impl Settings {
             holding: holding::HoldingSettings::from_env()?,
             tiers: tiers::TierSettings::from_env()?,
             accounts: accounts::AccountSettings::from_env()?,
+            tokens: tokens::TokenSettings::from_env()?,
             calls_in_flight: env_or("ZOO_CALLS_IN_FLIGHT", 0usize).map(NonZeroUsize::new)?,
             leases: env_or("ZOO_LEASES", 0u8)? == 1,
         })
@@ -341,17 +350,21 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         settings.trusted_proxies.as_deref(),
     )?;
 
+    let tokens = tokens::routes(&settings.tokens, store.clone(), key.clone())?;
+
     let mut zoo = Zoo {
         limits: vec![tiger_limit.clone()],
         tiers: tiers.layer,
     };
     zoo.limits.extend(instant.limits);
     zoo.limits.extend(holding.limits);
+    zoo.limits.push(tokens.limit);
     let mut router = Router::new()
         .route("/tigerfeeding", get(tigerfeeding).layer(tiger_limit))
         .merge(instant.router)
         .merge(holding.router)
-        .merge(tiers.router);
+        .merge(tiers.router)
+        .merge(tokens.router);
     let mut names = String::new();
     for policy in lineup::lineup(settings.quota) {
         let (path, name) = (
@@ -482,6 +495,7 @@ async fn serve() -> ExitCode {
         println!("  {line}");
     }
     println!("  {}", settings.tiers.describe());
+    println!("  {}", settings.tokens.describe());
     for line in settings.accounts.describe() {
         println!("  {line}");
     }

@@ -191,7 +191,70 @@ impl Decision {
         self.receipt.cost = 0;
         self
     }
+
+    /// The decision after its charge was settled to `actual` units: `used`
+    /// moves by the difference (never below zero), `remaining` follows and
+    /// never goes below zero, and the receipt now holds `actual`, so a
+    /// later settle or refund starts from there.
+    ///
+    /// ```
+    /// use tollgate::Decision;
+    /// let pass = Decision::allowed(10, 9, 60_000_000, 1_000_000)
+    ///     .with_receipt(tollgate::decision::Receipt::new(1, vec![60_000_000]));
+    /// let over = pass.clone().settled(4);
+    /// assert_eq!((over.used, over.remaining, over.receipt.cost()), (12, 0, 4));
+    /// let under = pass.settled(0);
+    /// assert_eq!((under.used, under.remaining), (8, 2));
+    /// ```
+    pub fn settled(mut self, actual: u64) -> Self {
+        let charged = self.receipt.cost;
+        self.used = if actual >= charged {
+            self.used.saturating_add(actual - charged)
+        } else {
+            self.used.saturating_sub(charged - actual)
+        };
+        self.remaining = self.limit.saturating_sub(self.used);
+        self.receipt.cost = actual;
+        self
+    }
 }
+
+/// What a request really cost, in quota units, known once its response is
+/// done (tokens generated, bytes sent, rows scanned): a handler puts it in
+/// its response's extensions, and the layer settles the request's charge
+/// to it. The request was charged its estimate (the layer's
+/// [`cost`](crate::RateLimitLayerBuilder::cost), 1 by default) when it
+/// started; the difference is charged, or given back, in one store call,
+/// to the window the estimate was charged in. A request that overspends
+/// takes `X-RateLimit-Remaining` to 0, never below, and the caller is
+/// refused until the window frees enough. See
+/// [`Store::settle`](crate::Store::settle) for what each strategy does, and
+/// [`settle_cost`](crate::RateLimitLayerBuilder::settle_cost) to read the
+/// cost from the response head instead.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::num::NonZeroU32;
+/// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request};
+/// use axum::{response::IntoResponse, routing::get, Extension, Router};
+/// use tower::ServiceExt;
+/// use tollgate::{ActualCost, Policy, Quota, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder()
+///     .policy(Policy::fixed_window("tokens", Quota::per_minute(NonZeroU32::new(100).unwrap())))
+///     .build() // charges the default estimate, 1, when a request starts
+///     .unwrap();
+/// let app = Router::new()
+///     .route("/complete", get(|| async { (Extension(ActualCost(30)), "30 tokens").into_response() }))
+///     .layer(layer)
+///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+///
+/// let res = app.oneshot(Request::get("/complete").body(Body::empty()).unwrap()).await.unwrap();
+/// assert_eq!(res.headers()["x-ratelimit-remaining"], "70"); // settled to 30
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ActualCost(pub u64);
 
 /// Whose budget a quota is.
 ///
@@ -287,6 +350,15 @@ impl Receipt {
     /// Nothing to give back.
     pub fn is_empty(&self) -> bool {
         self.cost == 0
+    }
+
+    /// This receipt's stamps for `cost` units: what a settle down to
+    /// `self.cost - cost` gives back.
+    pub(crate) fn for_units(&self, cost: u64) -> Receipt {
+        Receipt {
+            cost,
+            stamps: self.stamps.clone(),
+        }
     }
 }
 

@@ -12,8 +12,10 @@
 //!   concurrency or across app servers.
 //! - **Honest headers.** A window's end is stored beside its counter and read
 //!   back, so `X-RateLimit-Reset` is identical on every response of a window.
-//! - **Charged at the start, refunded for `304`.** The last allowed request
-//!   cannot be overtaken while in flight, and conditional requests are free.
+//! - **Charged at the start, settled at the end.** The last allowed request
+//!   cannot be overtaken while in flight; conditional requests (`304`) are
+//!   free, and a request whose real cost only its response knows (tokens,
+//!   bytes) is settled to it, [`ActualCost`], in one store call.
 //! - **Still working when Redis is not.** Every store call has a deadline; then
 //!   a [`FailurePolicy`] lets requests through, refuses them, or (the default)
 //!   limits them in this process until Redis is back.
@@ -73,7 +75,7 @@ mod strategy;
 pub mod throttle;
 pub mod tier;
 
-pub use decision::Decision;
+pub use decision::{ActualCost, Decision};
 pub use error::{AdminError, ConfigError, KeyError, StoreError};
 pub use failure::FailurePolicy;
 pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};

@@ -20,6 +20,7 @@
 //! | [`tollgate_leases_total`](LEASES) | counter | `policy` | leases a Redis store with [leases](crate::store::Leases) took for hot callers |
 //! | [`tollgate_leased_units_total`](LEASED_UNITS) | counter | `policy` | units those leases charged in Redis beyond the requests that asked |
 //! | [`tollgate_lease_units_returned_total`](LEASE_UNITS_RETURNED) | counter | `policy` | unspent lease units given back to Redis when their lease ended |
+//! | [`tollgate_settled_units_total`](SETTLED_UNITS) | counter | `policy`, `direction` | units a response's actual cost ([`ActualCost`](crate::ActualCost)) charged beyond the estimate (`charged`) or gave back (`given_back`, refunded `304`s included), counted when the store took them |
 //! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
 //! | [`tollgate_blocks_total`](BLOCKS) | counter | `policy`, `by` | blocks a [penalty box](crate::PenaltyBox) started, `by` the caller's `strikes` or an `operator` |
 //!
@@ -147,6 +148,16 @@ pub const LEASED_UNITS: &str = "tollgate_leased_units_total";
 #[cfg(feature = "metrics")]
 pub const LEASE_UNITS_RETURNED: &str = "tollgate_lease_units_returned_total";
 
+/// Counter name: units a settle charged or gave back, by `policy` and
+/// `direction` (`charged`: the response cost more than was charged when
+/// the request started; `given_back`: less, a refunded `304` included).
+///
+/// ```
+/// assert_eq!(tollgate::metrics::SETTLED_UNITS, "tollgate_settled_units_total");
+/// ```
+#[cfg(feature = "metrics")]
+pub const SETTLED_UNITS: &str = "tollgate_settled_units_total";
+
 /// Histogram buckets (seconds) suited to [`STORE_LATENCY`]: 100 µs to 1 s,
 /// dense around the default 100 ms deadline. Prometheus exporters render
 /// histograms as summaries unless given buckets.
@@ -255,6 +266,11 @@ pub fn describe() {
         LEASE_UNITS_RETURNED,
         Unit::Count,
         "Unspent lease units given back to Redis"
+    );
+    describe_counter!(
+        SETTLED_UNITS,
+        Unit::Count,
+        "Units charged or given back when a response settled its request's cost, by policy and direction"
     );
     describe_counter!(
         OVERRIDES,
@@ -458,6 +474,26 @@ pub(crate) fn local_cache_hit(policy: &Policy) {
     ::metrics::counter!(LOCAL_CACHE_HITS, "policy" => policy.shared_name().clone()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = policy;
+}
+
+/// Counts what settling a request to its actual cost moved: `actual`
+/// units against `charged` when the request started. Nothing when equal.
+#[inline]
+pub(crate) fn settled(policy: &Policy, charged: u64, actual: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        let (direction, units) = if actual >= charged {
+            ("charged", actual - charged)
+        } else {
+            ("given_back", charged - actual)
+        };
+        if units > 0 {
+            ::metrics::counter!(SETTLED_UNITS, "policy" => policy.shared_name().clone(), "direction" => direction)
+                .increment(units);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (policy, charged, actual);
 }
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]

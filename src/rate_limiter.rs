@@ -17,7 +17,7 @@ use crate::policy::Policy;
 use crate::store::Store;
 
 /// A cheap, cloneable handle on one policy's limits: `check`, `peek`,
-/// `refund` and `reset` a key yourself, with the same store, deadline,
+/// `refund`, `settle` and `reset` a key yourself, with the same store, deadline,
 /// failure policy and [`Decision`] as the layer it comes from.
 ///
 /// Take one from a layer with [`RateLimitLayer::limiter`] (then the layer
@@ -195,6 +195,65 @@ impl RateLimiter {
             core.running.local.refunded(key);
         }
         result
+    }
+
+    /// Settles what `decision` charged to `key` to `actual` units, the real
+    /// cost known once the work is done: check with an estimate, then
+    /// settle. The difference is charged (without checking the limit: the
+    /// units were spent) or given back, in one store call, to the window
+    /// the estimate was charged in (a window that has ended since is left
+    /// alone), at the store that decided, the local fallback included.
+    /// Returns `decision` as settled: `used` moved by the difference,
+    /// `remaining` never below zero. A rejection charged nothing and is
+    /// returned as it is. On Redis one `EVALSHA` of the strategy's refund
+    /// script, none when `actual` is what was charged; what each strategy
+    /// does is in [`Store::settle`].
+    ///
+    /// # Errors
+    ///
+    /// The deciding store's [`StoreError`]; the concurrency limit, whose
+    /// slots are held rather than spent, refuses (give a slot back with
+    /// [`refund`](Self::refund)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, RateLimiter};
+    /// let policy = Policy::fixed_window("tokens", Quota::per_minute(NonZeroU32::new(100).unwrap()));
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// let tenant = Key::new("tenant-7");
+    /// let estimate = limiter.check(&tenant, 10).await.unwrap();
+    /// let settled = limiter.settle(&tenant, &estimate, 130).await.unwrap(); // it took 130
+    /// assert_eq!((settled.used, settled.remaining), (130, 0));
+    /// assert!(!limiter.check(&tenant, 1).await.unwrap().allowed);
+    /// # }
+    /// ```
+    pub async fn settle(
+        &self,
+        key: &Key,
+        decision: &Decision,
+        actual: u64,
+    ) -> Result<Decision, StoreError> {
+        let core = &*self.core;
+        let policy = &core.config.policy;
+        if let Some(refused) = policy.strategy().settle_refused() {
+            return Err(refused);
+        }
+        let charged = decision.receipt.cost();
+        if !decision.allowed || actual == charged {
+            return Ok(decision.clone());
+        }
+        let store = match (&core.config.failure, decision.fallback) {
+            (FailurePolicy::Local(local), true) => local,
+            _ => &core.config.store,
+        };
+        let settle = store.settle(policy, key, &decision.receipt, actual);
+        core.within_deadline(settle).await.0?;
+        if actual < charged && !decision.fallback {
+            core.running.local.refunded(key);
+        }
+        crate::metrics::settled(policy, charged, actual);
+        Ok(decision.clone().settled(actual))
     }
 
     /// Forgets `key`'s state under this policy, atomically, whatever the

@@ -1,7 +1,8 @@
-//! Random request traces replayed into the memory store and into Redis give
-//! identical decisions, for every strategy: the property behind the
-//! conformance tables, searched by proptest. With leases on (issue 34),
-//! decisions may differ, but never admit more than the memory store.
+//! Random request traces (checks, peeks, refunds and settles) replayed
+//! into the memory store and into Redis give identical decisions, for every
+//! strategy: the property behind the conformance tables, searched by
+//! proptest. With leases on (issue 34), decisions may differ, but never
+//! admit more than the memory store.
 
 mod support;
 
@@ -110,6 +111,11 @@ enum Op {
     Refund {
         pick: usize,
     },
+    /// Settle the receipt of an earlier step to `actual` units.
+    Settle {
+        pick: usize,
+        actual: u64,
+    },
     /// Give the caller its own limit (policies with caller rules only).
     SetOverride {
         key: u8,
@@ -135,6 +141,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, cost)| Op::Check { key, cost }),
         1 => (0..3u8).prop_map(|key| Op::Peek { key }),
         2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
+        2 => (any::<usize>(), 0..8u64).prop_map(|(pick, actual)| Op::Settle { pick, actual }),
     ]
 }
 
@@ -203,6 +210,15 @@ async fn replay(
                         None
                     }
                     Op::Refund { .. } => None,
+                    Op::Settle { pick, actual } if !receipts[s].is_empty() => {
+                        let (key, receipt) = &receipts[s][pick % receipts[s].len()];
+                        let settled = store.settle(&policy, key, receipt, actual).await;
+                        // Slots are held, not spent: both stores refuse.
+                        let refused = policy.name() == "concurrency";
+                        prop_assert_eq!(settled.is_err(), refused, "{:?}", settled);
+                        None
+                    }
+                    Op::Settle { .. } => None,
                     Op::SetOverride { key, limit } => {
                         let key = Key::new(format!("k{key}"));
                         let quotas = override_of(&policy, limit);

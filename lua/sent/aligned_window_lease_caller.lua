@@ -67,25 +67,29 @@ end
 -- wraps it: `decide = with_caller(decide)` before lua/timed.lua or
 -- lua/peek.lua, `run = with_caller(run)` before lua/batch_decide.lua. The
 -- wrapped function takes the strategy's keys and arguments with these
--- after them, and hands the strategy exactly its own:
+-- after them, and hands the strategy its own keys (its scripts count
+-- KEYS, never ARGV, so the arguments after theirs stay where they are):
 --
 -- KEYS         the strategy's keys; then the override's key when `at` > 0;
---              then the penalty-box key when `strikes` > 0
--- ARGV[n - 4]  at: where the strategy's arguments for its quotas start
---              (1-based), which an override replaces; 0: no override key
--- ARGV[n - 3]  strikes: rejections within `span` that start a block; 0: no
---              penalty box
--- ARGV[n - 2]  span, µs
--- ARGV[n - 1]  block, µs: the first block
--- ARGV[n]      cap, µs: the longest block; each block after the first
+--              then the penalty-box key when the policy has a penalty box
+-- ARGV[n]      at: where the strategy's arguments for its quotas start
+--              (1-based), which an override replaces; 0: no override key.
+--              Negative for a policy with a penalty box: then -ARGV[n] - 1
+--              is `at`, and four more come before it:
+-- ARGV[n - 4]  strikes: rejections within `span` that start a block
+-- ARGV[n - 3]  span, µs
+-- ARGV[n - 2]  block, µs: the first block
+-- ARGV[n - 1]  cap, µs: the longest block; each block after the first
 --              doubles up to it
 --
 -- The override key holds `until` (µs, 0 for never) and the strategy's
 -- quota arguments, then `|` and the quotas as the operator gave them:
--- `until a1 a2 ...|limit window ...`. The penalty-box key is a hash: b =
+-- `until a1 a2 ...|until limit window ...`. The penalty-box key is a hash: b =
 -- blocked until, s = strikes, e = end of the strikes' span, n = blocks so
 -- far (µs since the epoch); it expires a second after its strikes stop
--- counting and a cap after its block ends.
+-- counting and a cap after its block ends, and past that counts as none
+-- whether or not it expired (replicas do not expire keys, and a store's own
+-- clock may run apart from Redis's).
 --
 -- Reply: the strategy's, but while the caller is blocked {2, limit, used,
 -- block end, block end - now, now, reported quota}: what its counters say
@@ -95,11 +99,10 @@ end
 local function with_caller(inner)
   return function(KEYS, ARGV, dry_run)
     local n, nk = #ARGV, #KEYS
-    local tail = {ARGV[n - 4], ARGV[n - 3], ARGV[n - 2], ARGV[n - 1], ARGV[n]}
-    for i = n, n - 4, -1 do ARGV[i] = nil end
-    local at, strikes = tail[1] + 0, tail[2] + 0
+    local at, penalty = ARGV[n] + 0, nil
+    if at < 0 then at, penalty = -at - 1, n - 4 end
     local box, override = nil, nil
-    if strikes > 0 then box = KEYS[nk]; KEYS[nk] = nil; nk = nk - 1 end
+    if penalty then box = KEYS[nk]; KEYS[nk] = nil; nk = nk - 1 end
     if at > 0 then override = KEYS[nk]; KEYS[nk] = nil end
 
     local now = ARGV[1] + 0
@@ -125,11 +128,10 @@ local function with_caller(inner)
 
     local reply
     if box then
+      local strikes = ARGV[penalty] + 0
+      local cap = ARGV[penalty + 3] + 0
       local p = redis.call('HMGET', box, 'b', 's', 'e', 'n')
       local b = tonumber(p[1]) or 0
-      local cap = tail[5] + 0
-      -- Past its keeping the entry counts as none, expired or not (expiry
-      -- only cleans up, and replicas do not expire keys).
       if math.max(tonumber(p[3]) or 0, b + cap) <= now then p, b = {}, 0 end
       local cost = ARGV[2]
       if b > now then
@@ -141,7 +143,7 @@ local function with_caller(inner)
         reply = inner(KEYS, ARGV, dry_run)
         if reply[1] == 0 and not dry_run and cost + 0 > 0 then
           local s, e, blocks = tonumber(p[2]) or 0, tonumber(p[3]) or 0, tonumber(p[4]) or 0
-          local span, block = tail[3] + 0, tail[4] + 0
+          local span, block = ARGV[penalty + 1] + 0, ARGV[penalty + 2] + 0
           if e > now then s = s + 1 else s, e = 1, now + span end
           if s >= strikes then
             b = now + math.floor(math.min(block * 2 ^ blocks, cap))
@@ -160,7 +162,6 @@ local function with_caller(inner)
 
     if override then KEYS[#KEYS + 1] = override end
     if box then KEYS[#KEYS + 1] = box end
-    for i = 1, 5 do ARGV[n - 5 + i] = tail[i] end
     return reply
   end
 end

@@ -9,16 +9,18 @@ local function int(x)
   if x % 1 == 0 and x < 2^53 and x > -2^53 then return string.format('%d', x) end
   return string.format('%.0f', x)
 end
--- tollgate: refund a sliding-window charge. The units go back to the window
--- they were charged to, whether it is still the current window or has since
--- become the previous one; never below zero. HINCRBY keeps the key's expiry.
+-- tollgate: give back (or, settling, charge) units of a sliding-window
+-- pass. The units go back to (or are charged to) the window the pass was
+-- charged in, whether it is still the current window or has since become
+-- the previous one; never below zero; a charge is not checked against the
+-- limit (the units were spent). HINCRBY keeps the key's expiry.
 --
 -- KEYS[i]      hash for quota i (as in sliding_window.lua)
--- ARGV[1]      units to give back
+-- ARGV[1]      units to give back; negative: units to charge
 -- ARGV[1+i]    start (µs) of the window quota i was charged in: the receipt's stamp
 -- ARGV[1+n+i]  quota i's window, µs
 --
--- Reply: number of quotas refunded (integer).
+-- Reply: number of quotas moved (integer).
 
 -- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
 -- converts it twice (strtod each time).
@@ -36,7 +38,7 @@ for i = 1, n do
     field, have = 'p', p
   end
   local back = math.min(cost, have)
-  if field and back > 0 then
+  if field and back ~= 0 then
     redis.call('HINCRBY', KEYS[i], field, -back)
     refunded = refunded + 1
   end

@@ -34,6 +34,7 @@ use super::{RateLimitLayer, DEFAULT_COOLDOWN, DEFAULT_DEADLINE};
 /// | [`limited_status`](Self::limited_status) | 429 |
 /// | [`key_error_status`](Self::key_error_status) | 400 |
 /// | [`refund_when`](Self::refund_when) | status is `304 Not Modified` |
+/// | [`settle_cost`](Self::settle_cost) | the response's [`ActualCost`](crate::ActualCost) extension, if any |
 /// | [`headers`](Self::headers) | [`RateLimitHeaders::GITHUB`] |
 /// | [`shadow`](Self::shadow) | off: rejections are enforced |
 /// | [`decision_extension`](Self::decision_extension) | off: handlers are not handed the [`Decision`](crate::Decision) |
@@ -70,6 +71,7 @@ pub struct RateLimitLayerBuilder {
     limited_status: StatusCode,
     key_error_status: StatusCode,
     refund_when: crate::limiter::RefundWhen,
+    settle_cost: Option<Arc<crate::limiter::SettleFn>>,
     headers: RateLimitHeaders,
     shadow: bool,
     decision_extension: bool,
@@ -91,6 +93,7 @@ impl Default for RateLimitLayerBuilder {
             limited_status: StatusCode::TOO_MANY_REQUESTS,
             key_error_status: StatusCode::BAD_REQUEST,
             refund_when: crate::limiter::RefundWhen::NotModified,
+            settle_cost: None,
             headers: RateLimitHeaders::default(),
             shadow: false,
             decision_extension: false,
@@ -220,6 +223,55 @@ impl RateLimitLayerBuilder {
         refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.refund_when = crate::limiter::RefundWhen::Custom(Arc::new(refund));
+        self
+    }
+
+    /// Reads what a request really cost from its response's head, to
+    /// settle its charge to that: the request is charged its estimate
+    /// ([`cost`](Self::cost)) when it starts, and when the response is in,
+    /// the difference is charged (unchecked: the units were spent) or
+    /// given back, in one store call, to the window the estimate went to.
+    /// `None` keeps the estimate. Without this option the layer reads the
+    /// [`ActualCost`](crate::ActualCost) a handler put in the response's
+    /// extensions. A status [`refund_when`](Self::refund_when) frees (a
+    /// `304`) costs zero whatever this says.
+    ///
+    /// A request that overspends takes `X-RateLimit-Remaining` to 0 (never
+    /// below) and the caller is refused until the window frees enough. The
+    /// concurrency limit's slots are held, not spent, and are never
+    /// settled; what the other strategies do is in
+    /// [`Store::settle`](crate::Store::settle). On Redis a settle is one
+    /// `EVALSHA` of the strategy's refund script, sent only when the
+    /// actual cost differs from the estimate.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use axum::{body::Body, extract::connect_info::MockConnectInfo, http::Request, routing::get, Router};
+    /// use tower::ServiceExt;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    ///
+    /// // Tokens per minute, settled from a header the upstream model sent.
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("tokens", Quota::per_minute(NonZeroU32::new(1_000).unwrap())))
+    ///     .cost(|_| 100) // the estimate
+    ///     .settle_cost(|head| head.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok())
+    ///     .build()
+    ///     .unwrap();
+    /// let app = Router::new()
+    ///     .route("/", get(|| async { ([("x-tokens-used", "400")], "a long answer") }))
+    ///     .layer(layer)
+    ///     .layer(MockConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 1], 1))));
+    ///
+    /// let res = app.oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+    /// assert_eq!(res.headers()["x-ratelimit-remaining"], "600");
+    /// # }
+    /// ```
+    pub fn settle_cost(
+        mut self,
+        actual: impl Fn(&http::response::Parts) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.settle_cost = Some(Arc::new(actual));
         self
     }
 
@@ -540,6 +592,7 @@ impl RateLimitLayerBuilder {
                     limited_status: self.limited_status,
                     key_error_status: self.key_error_status,
                     refund_when: self.refund_when,
+                    settle_cost: self.settle_cost,
                     shadow: self.shadow,
                     decision_extension: self.decision_extension,
                     access,

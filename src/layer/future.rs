@@ -108,7 +108,7 @@ where
                 let (mut head, body) = response.into_parts();
                 let Settle { limiter, pass, .. } =
                     settle.as_mut().expect("polled after completion");
-                if limiter.settle_now(pass, head.status, &mut head.headers) {
+                if limiter.settle_now(pass, &mut head) {
                     let guard = settle.as_mut().and_then(|s| s.guard.take());
                     *settle = None;
                     return Poll::Ready(Ok(Response::from_parts(head, body_of(body, guard))));
@@ -125,7 +125,8 @@ where
     }
 }
 
-/// Settles a response whose refund must be awaited (a 304 on Redis): boxed,
+/// Settles a response whose settle must be awaited (a 304 on Redis, or an
+/// actual cost that differs from the estimate): boxed,
 /// as the rare path it is.
 fn settle_later<B, E>(settle: Settle, mut head: http::response::Parts, body: B) -> BoxedResponse<E>
 where
@@ -139,7 +140,7 @@ where
         guard,
     } = settle;
     Box::pin(async move {
-        limiter.settle(pass, head.status, &mut head.headers).await;
+        limiter.settle(pass, &mut head).await;
         Ok(Response::from_parts(head, body_of(body, guard)))
     })
 }

@@ -143,7 +143,7 @@ where
         let guard = guard.and_then(ReleaseGuard::keep_if_held);
         let response = inner.call(Request::from_parts(parts, body)).await?;
         let (mut head, body) = response.into_parts();
-        limiter.settle(pass, head.status, &mut head.headers).await;
+        limiter.settle(pass, &mut head).await;
         Ok(Response::from_parts(head, body_of(body, guard)))
     })
 }

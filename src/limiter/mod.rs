@@ -1,7 +1,8 @@
 //! The request path's logic, apart from tower's plumbing, a file per job:
 //! [`admit`] identifies the caller and decides, [`breaker`] keeps a failing
 //! store at bay and applies the failure policy (within a deadline), and
-//! [`settle`] refunds and writes the headers, [`release`] gives a held
+//! [`settle`] settles the charge to the response's actual cost (a `304`'s
+//! refund among them) and writes the headers, [`release`] gives a held
 //! charge back without blocking. This file holds what they share: the
 //! limiter (its [`Config`] and what it keeps [`Running`]), and the pass a
 //! request carries from admitting to settling.
@@ -50,6 +51,9 @@ pub(crate) struct RequestLimit {
 }
 /// Whether a response's status makes its charge refundable.
 pub(crate) type RefundFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+/// What a request really cost, from its response's head; `None` keeps the
+/// charge as it is.
+pub(crate) type SettleFn = dyn Fn(&http::response::Parts) -> Option<u64> + Send + Sync;
 
 /// Which statuses are refunded: the default, checked in line on every
 /// response, or the caller's own rule.
@@ -104,6 +108,9 @@ pub(crate) struct Config {
     pub(crate) limited_status: StatusCode,
     pub(crate) key_error_status: StatusCode,
     pub(crate) refund_when: RefundWhen,
+    /// Reads a response's actual cost; `None` reads its
+    /// [`ActualCost`](crate::decision::ActualCost) extension.
+    pub(crate) settle_cost: Option<Arc<SettleFn>>,
     pub(crate) headers: PolicyHeaders,
     /// Decide and count, but never reject (deny-lists aside).
     pub(crate) shadow: bool,

@@ -1,15 +1,16 @@
-//! Settling a request after the inner service answered: the refund its
-//! status may earn, the guard that releases a held slot or a waiting pass,
-//! and the headers, marked when the decision was degraded.
+//! Settling a request after the inner service answered: its charge
+//! settled to what it really cost (a refunded status costs zero: the `304`
+//! refund), the guard that releases a held slot or a waiting pass, and the
+//! headers, marked when the decision was degraded.
 
 use std::sync::Arc;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::StatusCode;
+use http::response::Parts;
 
 use super::release::ReleaseGuard;
 use super::{Decider, Limiter, Pass};
-use crate::decision::Receipt;
+use crate::decision::{ActualCost, Receipt};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
 use crate::key::Key;
@@ -18,78 +19,95 @@ use crate::store::Store;
 static FALLBACK: HeaderName = HeaderName::from_static("x-ratelimit-fallback");
 
 impl Limiter {
-    /// After the inner service answered: refunds if its status says so and
-    /// the store can at once, then writes the headers. `false` when the
-    /// refund must be awaited instead ([`settle`](Self::settle)); nothing
-    /// was written then. The pass is settled where it lies: it is the
-    /// largest thing a response carries, and moving it costs a copy.
+    /// After the inner service answered: settles the charge to the
+    /// response's actual cost if it differs and the store can at once, then
+    /// writes the headers. `false` when the settle must be awaited instead
+    /// ([`settle`](Self::settle)); nothing was written then. The pass is
+    /// settled where it lies: it is the largest thing a response carries,
+    /// and moving it costs a copy.
     ///
-    /// In line, up to the common case: nothing to give back and nothing to
+    /// In line, up to the common case: nothing to settle and nothing to
     /// write (a layer without headers on a pass) returns at once.
-    pub(crate) fn settle_now(
-        &self,
-        pass: &mut Pass,
-        status: StatusCode,
-        headers: &mut HeaderMap,
-    ) -> bool {
-        if self.refund_due(pass, status) {
-            return self.refund_now_and_write(pass, headers);
+    pub(crate) fn settle_now(&self, pass: &mut Pass, head: &mut Parts) -> bool {
+        if let Some(actual) = self.actual_cost(pass, head) {
+            return self.settle_now_and_write(pass, actual, &mut head.headers);
         }
-        self.write_headers(pass, headers);
+        self.write_headers(pass, &mut head.headers);
         true
     }
 
-    /// [`settle_now`](Self::settle_now) with a refund due.
-    fn refund_now_and_write(&self, pass: &mut Pass, headers: &mut HeaderMap) -> bool {
-        let refunded = self
+    /// [`settle_now`](Self::settle_now) with a settle due.
+    fn settle_now_and_write(&self, pass: &mut Pass, actual: u64, headers: &mut HeaderMap) -> bool {
+        let policy = &self.config.policy;
+        let settled = self
             .charge_of(pass)
-            .and_then(|(store, key, receipt)| store.refund_now(&self.config.policy, key, receipt));
-        let Some(result) = refunded else {
+            .and_then(|(store, key, receipt)| match actual {
+                // Today's refund, as it always was.
+                0 => store.refund_now(policy, key, receipt),
+                _ => store.settle_now(policy, key, receipt, actual),
+            });
+        let Some(result) = settled else {
             return false;
         };
-        self.refunded(pass, result);
+        self.settled(pass, actual, result);
         self.write_headers(pass, headers);
         true
     }
 
-    /// [`settle_now`](Self::settle_now), awaiting the refund (never past the
-    /// deadline).
-    pub(crate) async fn settle(&self, mut pass: Pass, status: StatusCode, headers: &mut HeaderMap) {
-        if self.refund_due(&pass, status) {
+    /// [`settle_now`](Self::settle_now), awaiting the settle (never past
+    /// the deadline).
+    pub(crate) async fn settle(&self, mut pass: Pass, head: &mut Parts) {
+        if let Some(actual) = self.actual_cost(&pass, head) {
             // Boxed, as the rare path it is: every request's future would
             // otherwise carry room for it.
-            Box::pin(self.refund(&mut pass)).await;
+            Box::pin(self.settle_to(&mut pass, actual)).await;
         }
-        self.write_headers(&pass, headers);
+        self.write_headers(&pass, &mut head.headers);
     }
 
-    /// Whether `pass`'s charge goes back, the response being `status`.
-    fn refund_due(&self, pass: &Pass, status: StatusCode) -> bool {
+    /// What `pass` really cost, the response's head being `head`, when
+    /// that is to be settled: zero for a status the refund rule frees (a
+    /// `304`), else what the layer's `settle_cost` reads, else the
+    /// [`ActualCost`] the handler put in the response; `None` when it is
+    /// what was charged, or there is nothing to settle.
+    fn actual_cost(&self, pass: &Pass, head: &Parts) -> Option<u64> {
         // A held slot (concurrency) is given back when the body ends, by its
         // release guard, whatever the status. Releasing here as well would be
         // harmless (releases are by id) but a second round trip, and would
         // free the slot before the response is sent.
-        pass.key.is_some()
-            && pass
-                .decision
-                .as_ref()
-                .is_some_and(|d| !d.receipt.is_empty())
-            && self.config.refund_when.matches(status)
-            && !self.config.holds_until_response_ends
+        if pass.key.is_none() || self.config.holds_until_response_ends {
+            return None;
+        }
+        // A rejection (in shadow mode) charged nothing.
+        let decision = pass.decision.as_ref().filter(|d| d.allowed)?;
+        let charged = decision.receipt.cost();
+        if self.config.refund_when.matches(head.status) {
+            return (charged > 0).then_some(0);
+        }
+        let actual = match &self.config.settle_cost {
+            Some(read) => read(head)?,
+            None => head.extensions.get::<ActualCost>()?.0,
+        };
+        (actual != charged).then_some(actual)
     }
 
-    /// Gives `pass`'s charge back to the store that decided.
-    async fn refund(&self, pass: &mut Pass) {
+    /// Settles `pass`'s charge to `actual` units at the store that decided.
+    async fn settle_to(&self, pass: &mut Pass, actual: u64) {
         let Some((store, key, receipt)) = self.charge_of(pass) else {
             return;
         };
-        let call = store.refund(&self.config.policy, key, receipt);
+        let policy = &self.config.policy;
+        let call = match actual {
+            0 => store.refund(policy, key, receipt),
+            _ => store.settle(policy, key, receipt, actual),
+        };
         let result = self.within_deadline(call).await.0;
-        self.refunded(pass, result);
+        self.settled(pass, actual, result);
     }
 
-    /// Brings `pass` up to date with its refund, which ended with `result`.
-    fn refunded(&self, pass: &mut Pass, result: Result<(), StoreError>) {
+    /// Brings `pass` up to date with its settle to `actual`, which ended
+    /// with `result`.
+    fn settled(&self, pass: &mut Pass, actual: u64, result: Result<(), StoreError>) {
         let (Some(key), Some(decision)) = (&pass.key, pass.decision.take()) else {
             return;
         };
@@ -98,9 +116,16 @@ impl Limiter {
                 if pass.decider == Decider::Main {
                     self.note_answer();
                 }
-                self.running.local.refunded(key);
-                let cost = decision.receipt.cost();
-                decision.refunded(cost)
+                let charged = decision.receipt.cost();
+                if actual < charged {
+                    // Units went back: a cached rejection may no longer hold.
+                    self.running.local.refunded(key);
+                }
+                crate::metrics::settled(&self.config.policy, charged, actual);
+                match actual {
+                    0 => decision.refunded(charged),
+                    _ => decision.settled(actual),
+                }
             }
             Err(err) => {
                 self.note_error(key, &err);
@@ -153,11 +178,11 @@ impl Limiter {
         ))
     }
 
-    /// What `pass` charged and where: the store that decided (refunds and
-    /// releases go back to it), the key and the receipt; `None` for a pass
-    /// let through without a decision. The one place the refund at once
-    /// ([`settle_now`](Self::settle_now)), the awaited one and the release
-    /// guard find what to give back.
+    /// What `pass` charged and where: the store that decided (settles,
+    /// refunds and releases go back to it), the key and the receipt; `None`
+    /// for a pass let through without a decision. The one place the settle
+    /// at once ([`settle_now`](Self::settle_now)), the awaited one and the
+    /// release guard find what to give back.
     fn charge_of<'a>(
         &'a self,
         pass: &'a Pass,

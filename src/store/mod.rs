@@ -112,6 +112,90 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
+    /// Settles what `receipt` charged to `actual` units, the request's real
+    /// cost known once its response is done: gives back the difference when
+    /// `actual` is less (a refund of part, or of all at zero), charges it
+    /// when `actual` is more, without checking the limit (the units were
+    /// spent; the caller is refused until the window frees enough). Either
+    /// way only to what the receipt charged (its stamps: the same window,
+    /// never a newer one), never below zero; a rejection's receipt charged
+    /// nothing and settles nothing. One store call; on Redis one
+    /// `EVALSHA` of the strategy's refund script, and none when `actual`
+    /// is what was charged.
+    ///
+    /// By strategy: the fixed, aligned and sliding windows, GCRA, the leaky
+    /// bucket and the uniform gate (closed for as many spans as the actual
+    /// cost, from when the pass came) settle both ways; the sliding log
+    /// gives back but does not charge more (its entries, one per unit, are
+    /// bounded by its limit); the concurrency limit holds slots rather than
+    /// spending them, and answers a
+    /// [`Rejected`](crate::error::StoreErrorKind::Rejected) error.
+    ///
+    /// The default gives back through [`refund`](Store::refund) and
+    /// refuses to charge more: a store of yours that cannot says so rather
+    /// than pretending.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    ///
+    /// let policy = Policy::fixed_window("tokens", Quota::per_minute(NonZeroU32::new(100).unwrap()));
+    /// let store = MemoryStore::new();
+    /// let bob = Key::new("bob");
+    /// let pass = store.check(&policy, &bob, 1).await.unwrap(); // the estimate
+    /// store.settle(&policy, &bob, &pass.receipt, 30).await.unwrap(); // the real cost
+    /// assert_eq!(store.peek(&policy, &bob).await.unwrap().remaining, 70);
+    /// # }
+    /// ```
+    fn settle<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+        actual: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let charged = receipt.cost();
+        if actual > charged {
+            return Box::pin(std::future::ready(Err(StoreError::new(
+                crate::error::StoreErrorKind::Rejected,
+                "this store cannot charge more after the fact",
+            ))));
+        }
+        let back = receipt.for_units(charged - actual);
+        Box::pin(async move {
+            if back.is_empty() {
+                return Ok(());
+            }
+            self.refund(policy, key, &back).await
+        })
+    }
+
+    /// [`settle`](Store::settle) at once, if this store can; `None` (the
+    /// default) means "await `settle`". See [`check_now`](Store::check_now).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Policy, Quota, Store};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policy = Policy::fixed_window("tokens", Quota::per_minute(NonZeroU32::new(10).unwrap()));
+    /// let bob = Key::new("bob");
+    /// let pass = store.check_now(&policy, &bob, 1).unwrap().unwrap();
+    /// assert!(store.settle_now(&policy, &bob, &pass.receipt, 12).unwrap().is_ok());
+    /// assert!(!store.check_now(&policy, &bob, 1).unwrap().unwrap().allowed);
+    /// ```
+    fn settle_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (policy, key, receipt, actual);
+        None
+    }
+
     /// Forgets `key`'s own state under `policy`, whatever its strategy: the
     /// operator's unblock. State every caller shares (a sliding log's
     /// resource quota) is kept. One atomic step: on Redis one `DEL` of the
@@ -358,6 +442,26 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         (**self).refund(policy, key, receipt)
+    }
+
+    fn settle<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+        actual: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).settle(policy, key, receipt, actual)
+    }
+
+    fn settle_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Option<Result<(), StoreError>> {
+        (**self).settle_now(policy, key, receipt, actual)
     }
 
     fn reset<'a>(

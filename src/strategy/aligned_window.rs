@@ -7,7 +7,7 @@
 //! decision is the fixed window's, over windows whose ends are aligned.
 
 use super::fixed_window;
-use super::Algorithm;
+use super::{Algorithm, Settles};
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
 use crate::policy::Strategy;
@@ -100,7 +100,27 @@ impl Algorithm for AlignedWindow {
         now: u64,
         receipt: &Receipt,
     ) {
-        fixed_window::give_back_windows(shard, keys, now, receipt);
+        let units = fixed_window::signed(receipt.cost());
+        fixed_window::give_back_windows(shard, keys, now, receipt, units);
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
+    }
+
+    /// Charged to the windows the pass was charged in, while they last.
+    fn charge_more(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        extra: u64,
+    ) {
+        let units = -fixed_window::signed(extra);
+        fixed_window::give_back_windows(shard, keys, now, receipt, units);
     }
 
     #[cfg(feature = "redis")]
@@ -129,7 +149,21 @@ impl Algorithm for AlignedWindow {
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
-        GiveBack::Refund(&LUA.refund, fixed_window::refund_args(receipt))
+        let units = fixed_window::signed(receipt.cost());
+        GiveBack::Refund(&LUA.refund, fixed_window::refund_args(receipt, units))
+    }
+
+    #[cfg(feature = "redis")]
+    fn charge_more_call(
+        &self,
+        _policy: &Policy,
+        _now: i64,
+        receipt: &Receipt,
+        extra: u64,
+    ) -> Option<GiveBack> {
+        let units = -fixed_window::signed(extra);
+        let args = fixed_window::refund_args(receipt, units);
+        Some(GiveBack::Refund(&LUA.refund, args))
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::Algorithm;
+use super::{Algorithm, Settles};
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
 use crate::store::memory::names::KeyNames;
@@ -159,6 +159,12 @@ impl Algorithm for Concurrency {
 
     fn holds_until_response_ends(&self) -> bool {
         true
+    }
+
+    /// A slot is held, not spent, and given back when the response ends:
+    /// there is no cost to settle.
+    fn settles(&self) -> Settles {
+        Settles::Nothing
     }
 
     fn decide(

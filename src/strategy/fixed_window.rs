@@ -2,7 +2,7 @@
 //!
 //! Mirrors `lua/fixed_window.lua` line for line; change both together.
 
-use super::Algorithm;
+use super::{Algorithm, Settles};
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
 use crate::policy::Strategy;
@@ -92,15 +92,23 @@ pub(crate) fn check(
         ))
 }
 
-/// Gives `receipt.cost` back to each window that is still the one charged.
-pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], cost: u64) {
+/// Gives `units` back to each window that is still the one charged (never
+/// below zero), or, for negative `units`, charges that many more to it
+/// without checking the limit (a settle's overspend): the refund script's
+/// signed count.
+pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], units: i64) {
     for (slot, stamp) in windows.iter_mut().zip(stamps) {
         if let Some(w) = slot {
             if w.reset_at == *stamp {
-                w.count = w.count.saturating_sub(cost);
+                w.count = w.count.saturating_add_signed(units.saturating_neg());
             }
         }
     }
+}
+
+/// `units` as a signed count: refunds give back up to `i64::MAX`.
+pub(crate) fn signed(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
 }
 
 /// The memory store's half of a strategy that keeps one [`Window`] per
@@ -147,17 +155,19 @@ pub(crate) fn decide_windows(
     })
 }
 
-/// Gives `receipt` back to each stored window it still matches.
+/// Gives `units` back to each stored window `receipt` still matches, or
+/// charges `-units` more to it (see [`refund`]).
 pub(crate) fn give_back_windows(
     shard: &mut Shard,
     keys: &KeyNames<'_>,
     now: u64,
     receipt: &Receipt,
+    units: i64,
 ) {
     for (k, stamp) in keys.iter().zip(receipt.stamps()) {
         if let Some(State::Window(w)) = shard.get_mut(k, now) {
             let mut slot = [Some(*w)];
-            refund(&mut slot, &[*stamp], receipt.cost());
+            refund(&mut slot, &[*stamp], units);
             if let Some(refunded) = slot[0] {
                 *w = refunded;
             }
@@ -177,11 +187,12 @@ pub(crate) fn window_args(policy: &Policy, now: i64, cost: u64) -> Args {
     args
 }
 
-/// A window refund's arguments (`lua/fixed_window_refund.lua`): the cost,
-/// then each window's stamp (its end, µs).
+/// A window refund's arguments (`lua/fixed_window_refund.lua`): the units
+/// to give back (negative: to charge), then each window's stamp (its end,
+/// µs).
 #[cfg(feature = "redis")]
-pub(crate) fn refund_args(receipt: &Receipt) -> Vec<String> {
-    let mut args = vec![receipt.cost().to_string()];
+pub(crate) fn refund_args(receipt: &Receipt, units: i64) -> Vec<String> {
+    let mut args = vec![units.to_string()];
     args.extend(receipt.stamps().iter().map(u64::to_string));
     args
 }
@@ -237,7 +248,25 @@ impl Algorithm for FixedWindow {
         now: u64,
         receipt: &Receipt,
     ) {
-        give_back_windows(shard, keys, now, receipt);
+        give_back_windows(shard, keys, now, receipt, signed(receipt.cost()));
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
+    }
+
+    /// Charged to the windows the pass was charged in, while they last.
+    fn charge_more(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        extra: u64,
+    ) {
+        give_back_windows(shard, keys, now, receipt, -signed(extra));
     }
 
     #[cfg(feature = "redis")]
@@ -263,7 +292,19 @@ impl Algorithm for FixedWindow {
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
-        GiveBack::Refund(&LUA.refund, refund_args(receipt))
+        GiveBack::Refund(&LUA.refund, refund_args(receipt, signed(receipt.cost())))
+    }
+
+    #[cfg(feature = "redis")]
+    fn charge_more_call(
+        &self,
+        _policy: &Policy,
+        _now: i64,
+        receipt: &Receipt,
+        extra: u64,
+    ) -> Option<GiveBack> {
+        let args = refund_args(receipt, -signed(extra));
+        Some(GiveBack::Refund(&LUA.refund, args))
     }
 }
 

@@ -11,9 +11,11 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+#[cfg(feature = "redis")]
+use super::fixed_window::signed;
 use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
-use super::{Algorithm, Strategy};
+use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 use crate::policy::Policy;
@@ -100,6 +102,28 @@ pub(crate) fn refund(tat: &mut Option<u64>, quota: &Quota, now: u64, stamp: u64,
     }
 }
 
+/// Charges `extra` units more than the pass stamped `stamp` charged,
+/// without checking the limit (a settle's overspend): the TAT moves
+/// `extra × T` past itself (or past `now`, for a full bucket). Only while
+/// that charge would not yet have drained had it come with the pass
+/// (`stamp + extra × T > now`): a settle that arrives later changes
+/// nothing, as a late refund does. Whether it moved.
+pub(crate) fn charge(
+    tat: &mut Option<u64>,
+    quota: &Quota,
+    now: u64,
+    stamp: u64,
+    extra: u64,
+) -> bool {
+    let more = extra.saturating_mul(interval(quota));
+    if stamp.saturating_add(more) <= now {
+        return false;
+    }
+    let from = tat.map_or(now, |at| at.max(now));
+    *tat = Some(from.saturating_add(more));
+    true
+}
+
 /// This strategy's scripts, built once.
 #[cfg(feature = "redis")]
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
@@ -181,6 +205,36 @@ impl Algorithm for Gcra {
         }
     }
 
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
+    }
+
+    fn charge_more(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        extra: u64,
+    ) {
+        let Some(&stamp) = receipt.stamps().first() else {
+            return;
+        };
+        shard.update(keys.first(), now, |live, write| {
+            let mut tat = match live {
+                Some(State::Tat(at)) => Some(*at),
+                _ => None,
+            };
+            if charge(&mut tat, &policy.quotas()[0], now, stamp, extra) {
+                if let Some(at) = tat {
+                    *write = Some((State::Tat(at), at + EXPIRY_GRACE_MICROS));
+                }
+            }
+        })
+    }
+
     #[cfg(feature = "redis")]
     fn lua(&self) -> &'static Trio {
         &LUA
@@ -217,14 +271,32 @@ impl Algorithm for Gcra {
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
-        let mut args = vec![
-            now.to_string(),
-            receipt.cost().to_string(),
-            interval(&policy.quotas()[0]).to_string(),
-        ];
-        args.extend(stamps(receipt));
-        GiveBack::Refund(&LUA.refund, args)
+        refund_call(policy, now, receipt, signed(receipt.cost()))
     }
+
+    #[cfg(feature = "redis")]
+    fn charge_more_call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        receipt: &Receipt,
+        extra: u64,
+    ) -> Option<GiveBack> {
+        Some(refund_call(policy, now, receipt, -signed(extra)))
+    }
+}
+
+/// `lua/gcra_refund.lua`'s call: now, `units` to give back (negative: to
+/// charge), T, the stamp.
+#[cfg(feature = "redis")]
+fn refund_call(policy: &Policy, now: i64, receipt: &Receipt, units: i64) -> GiveBack {
+    let mut args = vec![
+        now.to_string(),
+        units.to_string(),
+        interval(&policy.quotas()[0]).to_string(),
+    ];
+    args.extend(stamps(receipt));
+    GiveBack::Refund(&LUA.refund, args)
 }
 
 impl Policy {

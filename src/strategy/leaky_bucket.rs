@@ -16,7 +16,9 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use super::{Algorithm, Strategy};
+#[cfg(feature = "redis")]
+use super::fixed_window::signed;
+use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 #[cfg(feature = "redis")]
@@ -108,6 +110,28 @@ pub(crate) fn refund(next_free: &mut Option<u64>, stamp: u64, cost: u64, interva
     }
 }
 
+/// Charges `extra` units more than the pass whose slot ends at `stamp`
+/// took, without checking the capacity (a settle's overspend): the bucket
+/// empties `extra·T` later, counted from `next_free` (or `now`, for an
+/// empty bucket). Only while that charge would not yet have drained had it
+/// come with the pass (`stamp + extra·T > now`): a settle that arrives
+/// later changes nothing, as a late refund does. Whether it moved.
+pub(crate) fn charge(
+    next_free: &mut Option<u64>,
+    stamp: u64,
+    extra: u64,
+    interval: u64,
+    now: u64,
+) -> bool {
+    let more = extra.saturating_mul(interval);
+    if stamp.saturating_add(more) <= now {
+        return false;
+    }
+    let from = next_free.map_or(now, |t| t.max(now));
+    *next_free = Some(from.saturating_add(more));
+    true
+}
+
 /// This strategy's scripts, built once.
 #[cfg(feature = "redis")]
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
@@ -193,6 +217,33 @@ impl Algorithm for LeakyBucket {
         }
     }
 
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
+    }
+
+    fn charge_more(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        extra: u64,
+    ) {
+        let interval = interval_micros(&policy.quotas()[0]);
+        let mut next_free = match shard.get(keys.first(), now) {
+            Some(State::Leaky(t)) => Some(*t),
+            _ => None,
+        };
+        let stamp = receipt.stamps().first().copied().unwrap_or(0);
+        if charge(&mut next_free, stamp, extra, interval, now) {
+            if let Some(t) = next_free {
+                shard.put(keys.first(), State::Leaky(t), t + EXPIRY_GRACE_MICROS);
+            }
+        }
+    }
+
     #[cfg(feature = "redis")]
     fn lua(&self) -> &'static Trio {
         &LUA
@@ -230,13 +281,18 @@ impl Algorithm for LeakyBucket {
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
-        let args = vec![
-            now.to_string(),
-            receipt.cost().to_string(),
-            interval_micros(&policy.quotas()[0]).to_string(),
-            receipt.stamps().first().copied().unwrap_or(0).to_string(),
-        ];
-        GiveBack::Refund(&LUA.refund, args)
+        refund_call(policy, now, receipt, signed(receipt.cost()))
+    }
+
+    #[cfg(feature = "redis")]
+    fn charge_more_call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        receipt: &Receipt,
+        extra: u64,
+    ) -> Option<GiveBack> {
+        Some(refund_call(policy, now, receipt, -signed(extra)))
     }
 
     /// The reply of a shaping decision, with its delay.
@@ -244,6 +300,19 @@ impl Algorithm for LeakyBucket {
     fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
         reply::shaped(ints, cost)
     }
+}
+
+/// `lua/leaky_bucket_refund.lua`'s call: now, `units` to give back
+/// (negative: to charge), the interval, the slot's end.
+#[cfg(feature = "redis")]
+fn refund_call(policy: &Policy, now: i64, receipt: &Receipt, units: i64) -> GiveBack {
+    let args = vec![
+        now.to_string(),
+        units.to_string(),
+        interval_micros(&policy.quotas()[0]).to_string(),
+        receipt.stamps().first().copied().unwrap_or(0).to_string(),
+    ];
+    GiveBack::Refund(&LUA.refund, args)
 }
 
 impl Policy {

@@ -155,6 +155,37 @@ impl Policy {
     }
 }
 
+/// What settling a pass to its actual cost does under a strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settles {
+    /// Gives back what was charged over the actual cost, and charges what
+    /// was under it, to what the pass charged.
+    Both,
+    /// Gives back what was charged over the actual cost; a cost above the
+    /// charge is not charged (the sliding log: its entries are one per
+    /// unit, bounded by its limit).
+    GiveBack,
+    /// Nothing to settle: what a pass holds is given back when its
+    /// response ends (the concurrency limit).
+    Nothing,
+}
+
+impl Strategy {
+    /// Why a settle cannot apply under this strategy, if it cannot: the
+    /// concurrency limit's slots are held, not spent.
+    pub(crate) fn settle_refused(&self) -> Option<crate::error::StoreError> {
+        (self.algorithm().settles() == Settles::Nothing).then(|| {
+            crate::error::StoreError::new(
+                crate::error::StoreErrorKind::Rejected,
+                format!(
+                    "a {} policy holds what a pass takes until its response ends: nothing to settle",
+                    self.as_str()
+                ),
+            )
+        })
+    }
+}
+
 impl Policy {
     /// This policy with `limit` for the caller's own quota (the first
     /// whose budget is the caller's), its window kept: a limit that came
@@ -235,6 +266,55 @@ pub(crate) trait Algorithm: Sync {
         receipt: &Receipt,
     );
 
+    /// What settling a pass to its actual cost can do under this strategy:
+    /// by default give back; a strategy that charges an overspend
+    /// ([`charge_more`](Self::charge_more) and
+    /// [`charge_more_call`](Self::charge_more_call)) says [`Settles::Both`].
+    fn settles(&self) -> Settles {
+        Settles::GiveBack
+    }
+
+    /// The memory store's settle of `receipt` to `actual` units, under the
+    /// lock of `shard`: the refund of the difference when `actual` is less,
+    /// [`charge_more`](Self::charge_more) when it is more.
+    fn settle(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        actual: u64,
+    ) {
+        let charged = receipt.cost();
+        match (actual.cmp(&charged), self.settles()) {
+            (_, Settles::Nothing) | (std::cmp::Ordering::Equal, _) => {}
+            (std::cmp::Ordering::Less, _) => {
+                let back = receipt.for_units(charged - actual);
+                self.give_back(policy, shard, keys, now, &back);
+            }
+            (std::cmp::Ordering::Greater, Settles::Both) => {
+                self.charge_more(policy, shard, keys, now, receipt, actual - charged);
+            }
+            (std::cmp::Ordering::Greater, _) => {}
+        }
+    }
+
+    /// The memory store's charge of `extra` units more than `receipt`
+    /// charged, to what it charged (its stamps), without checking the
+    /// limit; nothing when that has passed. Only asked when
+    /// [`settles`](Self::settles) is [`Settles::Both`].
+    fn charge_more(
+        &self,
+        _policy: &Policy,
+        _shard: &mut Shard,
+        _keys: &KeyNames<'_>,
+        _now: u64,
+        _receipt: &Receipt,
+        _extra: u64,
+    ) {
+    }
+
     /// The strategy's scripts: its decision, its no-writes twin, its refund
     /// or release.
     #[cfg(feature = "redis")]
@@ -262,6 +342,45 @@ pub(crate) trait Algorithm: Sync {
     /// `TIME`), on the policy's quota keys.
     #[cfg(feature = "redis")]
     fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack;
+
+    /// The Redis store's settle of `receipt` to `actual` units: one call of
+    /// the refund script, with a negative count for a charge; `None` when
+    /// there is nothing to send.
+    #[cfg(feature = "redis")]
+    fn settle_call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Option<GiveBack> {
+        let charged = receipt.cost();
+        match (actual.cmp(&charged), self.settles()) {
+            (_, Settles::Nothing) | (std::cmp::Ordering::Equal, _) => None,
+            (std::cmp::Ordering::Less, _) => {
+                let back = receipt.for_units(charged - actual);
+                Some(self.give_back_call(policy, now, &back))
+            }
+            (std::cmp::Ordering::Greater, Settles::Both) => {
+                self.charge_more_call(policy, now, receipt, actual - charged)
+            }
+            (std::cmp::Ordering::Greater, _) => None,
+        }
+    }
+
+    /// The Redis store's [`charge_more`](Self::charge_more): the refund
+    /// script given a negative count. Only asked when
+    /// [`settles`](Self::settles) is [`Settles::Both`].
+    #[cfg(feature = "redis")]
+    fn charge_more_call(
+        &self,
+        _policy: &Policy,
+        _now: i64,
+        _receipt: &Receipt,
+        _extra: u64,
+    ) -> Option<GiveBack> {
+        None
+    }
 
     /// What a decision script's reply `ints` means.
     #[cfg(feature = "redis")]

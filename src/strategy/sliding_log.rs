@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 use smallvec::SmallVec;
 
 use super::fixed_window::EXPIRY_GRACE_MICROS;
-use super::{Algorithm, Strategy};
+use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
 use crate::policy::Policy;
@@ -267,6 +267,51 @@ impl Algorithm for SlidingLog {
         let mut args = vec![receipt.cost().to_string()];
         args.extend(stamps(receipt));
         GiveBack::Refund(&LUA.refund, args)
+    }
+
+    /// A settle gives back what was charged over `actual`; one unit is one
+    /// entry in each log, bounded by its limit, so an overspend is not
+    /// charged.
+    fn settles(&self) -> Settles {
+        Settles::GiveBack
+    }
+
+    /// Keeps `actual` of the pass's entries in each log, as the Redis
+    /// settle keeps its units before `actual`.
+    fn settle(
+        &self,
+        _policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        actual: u64,
+    ) {
+        let (&[at, id], true) = (receipt.stamps(), actual < receipt.cost()) else {
+            return;
+        };
+        for k in keys.iter() {
+            if let Some(State::Log(log)) = shard.get_mut(k, now) {
+                log.keep(at, id, actual);
+            }
+        }
+    }
+
+    /// The entries of units `actual` and after, so that a later refund of
+    /// the settled receipt (units before `actual`) finds its own.
+    #[cfg(feature = "redis")]
+    fn settle_call(
+        &self,
+        _policy: &Policy,
+        _now: i64,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Option<GiveBack> {
+        let back = receipt.cost().checked_sub(actual).filter(|&n| n > 0)?;
+        let mut args = vec![back.to_string()];
+        args.extend(stamps(receipt));
+        args.push(actual.to_string());
+        Some(GiveBack::Refund(&LUA.refund, args))
     }
 }
 

@@ -16,8 +16,9 @@ use crate::policy::Strategy;
 use smallvec::SmallVec;
 use std::sync::Arc;
 
+use super::fixed_window::signed;
 use super::fixed_window::EXPIRY_GRACE_MICROS;
-use super::Algorithm;
+use super::{Algorithm, Settles};
 
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
@@ -211,20 +212,23 @@ fn check_one(stored: &mut Option<Counter>, quota: &Quota, now: u64, cost: u64) -
         .with_receipt(Receipt::of(cost, [charged.start]))
 }
 
-/// Gives `cost` back to the window each stamp names (its start), whether it
-/// is still the current window or has become the previous one.
+/// Gives `units` back to the window each stamp names (its start), whether
+/// it is still the current window or has become the previous one, never
+/// below zero; negative `units` charge that many more to it, unchecked (a
+/// settle's overspend).
 pub(crate) fn refund(
     counters: &mut [Option<Counter>],
     quotas: &[Quota],
     stamps: &[u64],
-    cost: u64,
+    units: i64,
 ) {
+    let moved = |n: u64| n.saturating_add_signed(units.saturating_neg());
     for ((slot, q), &stamp) in counters.iter_mut().zip(quotas).zip(stamps) {
         if let Some(c) = slot {
             if c.start == stamp {
-                c.cur -= cost.min(c.cur);
+                c.cur = moved(c.cur);
             } else if c.start == stamp + q.window_micros() {
-                c.prev -= cost.min(c.prev);
+                c.prev = moved(c.prev);
             }
         }
     }
@@ -315,13 +319,25 @@ impl Algorithm for SlidingWindow {
         now: u64,
         receipt: &Receipt,
     ) {
-        for ((k, q), stamp) in keys.iter().zip(policy.quotas()).zip(receipt.stamps()) {
-            if let Some(State::Counter(c)) = shard.get_mut(k, now) {
-                let mut slot = [Some(*c)];
-                refund(&mut slot, &[*q], &[*stamp], receipt.cost());
-                *c = slot[0].unwrap_or(*c);
-            }
-        }
+        move_counters(policy, shard, keys, now, receipt, signed(receipt.cost()));
+    }
+
+    /// Gives back, and charges an overspend.
+    fn settles(&self) -> Settles {
+        Settles::Both
+    }
+
+    /// Charged to the windows the pass was charged in, current or previous.
+    fn charge_more(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        extra: u64,
+    ) {
+        move_counters(policy, shard, keys, now, receipt, -signed(extra));
     }
 
     #[cfg(feature = "redis")]
@@ -349,16 +365,53 @@ impl Algorithm for SlidingWindow {
 
     #[cfg(feature = "redis")]
     fn give_back_call(&self, policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
-        let mut args = vec![receipt.cost().to_string()];
-        args.extend(stamps(receipt));
-        args.extend(
-            policy
-                .quotas()
-                .iter()
-                .map(|q| q.window_micros().to_string()),
-        );
-        GiveBack::Refund(&LUA.refund, args)
+        refund_call(policy, receipt, signed(receipt.cost()))
     }
+
+    #[cfg(feature = "redis")]
+    fn charge_more_call(
+        &self,
+        policy: &Policy,
+        _now: i64,
+        receipt: &Receipt,
+        extra: u64,
+    ) -> Option<GiveBack> {
+        Some(refund_call(policy, receipt, -signed(extra)))
+    }
+}
+
+/// The memory store's [`refund`] of `units` (negative: a charge) to each
+/// stored counter `receipt` names.
+fn move_counters(
+    policy: &Policy,
+    shard: &mut Shard,
+    keys: &KeyNames<'_>,
+    now: u64,
+    receipt: &Receipt,
+    units: i64,
+) {
+    for ((k, q), stamp) in keys.iter().zip(policy.quotas()).zip(receipt.stamps()) {
+        if let Some(State::Counter(c)) = shard.get_mut(k, now) {
+            let mut slot = [Some(*c)];
+            refund(&mut slot, &[*q], &[*stamp], units);
+            *c = slot[0].unwrap_or(*c);
+        }
+    }
+}
+
+/// `lua/sliding_window_refund.lua`'s call: `units` to give back (negative:
+/// to charge), each quota's stamp, each quota's window.
+#[cfg(feature = "redis")]
+fn refund_call(policy: &Policy, receipt: &Receipt, units: i64) -> GiveBack {
+    let mut args = vec![units.to_string()];
+    args.extend(stamps(receipt));
+    args.extend(
+        policy
+            .quotas()
+            .iter()
+            .map(|q| q.window_micros().to_string()),
+    );
+    GiveBack::Refund(&LUA.refund, args)
 }
 
 impl Policy {

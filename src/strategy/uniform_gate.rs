@@ -9,7 +9,7 @@
 
 use super::fixed_window::EXPIRY_GRACE_MICROS;
 use super::MAX_SPAN_MICROS;
-use super::{Algorithm, Strategy};
+use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
 use crate::policy::Policy;
@@ -67,6 +67,22 @@ pub(crate) fn refund(reopen_at: &mut Option<u64>, stamp: u64) {
     }
 }
 
+/// When the gate reopens once the pass stamped `stamp`, which closed it
+/// for `cost` spans, is settled to `actual` spans: `actual` spans from
+/// when that pass came.
+pub(crate) fn settled_reopening(span: u64, stamp: u64, cost: u64, actual: u64) -> u64 {
+    stamp - closing(span, cost) + closing(span, actual)
+}
+
+/// Settles the pass stamped `stamp`: if the gate is still closed by it, it
+/// reopens at `reopening` instead (open now, if that has passed); a later
+/// pass's closing is left alone.
+pub(crate) fn settle(reopen_at: &mut Option<u64>, stamp: u64, reopening: u64, now: u64) {
+    if *reopen_at == Some(stamp) {
+        *reopen_at = (reopening > now).then_some(reopening);
+    }
+}
+
 /// This strategy's scripts, built once.
 #[cfg(feature = "redis")]
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
@@ -101,6 +117,37 @@ impl Algorithm for UniformGate {
 
     fn validate(&self, _strategy: &Strategy, quotas: &[Quota]) -> Result<(), ConfigError> {
         validate(quotas)
+    }
+
+    /// A pass of cost `c` closes the gate for `c` spans; settled to `a`,
+    /// for `a` spans from when it came, while the gate is still closed by
+    /// it (and its key lives: one second past its reopening).
+    fn settles(&self) -> Settles {
+        Settles::Both
+    }
+
+    fn settle(
+        &self,
+        policy: &Policy,
+        shard: &mut Shard,
+        keys: &KeyNames<'_>,
+        now: u64,
+        receipt: &Receipt,
+        actual: u64,
+    ) {
+        let Some(&stamp) = receipt.stamps().first() else {
+            return;
+        };
+        let span = policy.quotas()[0].window_micros();
+        let reopening = settled_reopening(span, stamp, receipt.cost(), actual);
+        if let Some(State::Gate(at)) = shard.get(keys.first(), now) {
+            let mut gate = Some(*at);
+            settle(&mut gate, stamp, reopening, now);
+            match gate {
+                Some(at) => shard.put(keys.first(), State::Gate(at), at + EXPIRY_GRACE_MICROS),
+                None => shard.remove(keys.first()),
+            }
+        }
     }
 
     fn decide(
@@ -171,6 +218,22 @@ impl Algorithm for UniformGate {
     fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
         let args = stamps(receipt).collect();
         GiveBack::Refund(&LUA.refund, args)
+    }
+
+    /// The refund script with `now` and the settled reopening time.
+    #[cfg(feature = "redis")]
+    fn settle_call(
+        &self,
+        policy: &Policy,
+        now: i64,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Option<GiveBack> {
+        let &stamp = receipt.stamps().first()?;
+        let span = policy.quotas()[0].window_micros();
+        let reopening = settled_reopening(span, stamp, receipt.cost(), actual);
+        let args = vec![stamp.to_string(), now.to_string(), reopening.to_string()];
+        Some(GiveBack::Refund(&LUA.refund, args))
     }
 }
 

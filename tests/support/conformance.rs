@@ -47,6 +47,8 @@ pub enum Op {
     Peek(&'static str),
     /// Refund the receipt of step number `n` (0-based) of this table.
     Refund(&'static str, usize),
+    /// Settle the receipt of step number `n` to an actual cost of `units`.
+    Settle(&'static str, usize, u64),
     /// Give `key` an override: `limit` per `secs` seconds for each of the
     /// policy's quotas, until `until` ms after `T0` (0: no end).
     SetOverride(&'static str, u32, u64, u64),
@@ -77,12 +79,14 @@ pub enum Expect {
     Blocked { until_ms: u64, limit: u64 },
     /// Allowed, judged against `limit`, with `remaining` left.
     PassOf { limit: u64, remaining: u64 },
-    /// No decision to check (refunds).
+    /// No decision to check (refunds, settles).
     Done,
+    /// The store refused the call (a settle with nothing to settle).
+    Refused,
 }
 
-pub use Expect::{Done, Limited, Pass, Wait};
-pub use Op::{Block, Check, ClearOverride, Peek, Refund, Reset, SetOverride};
+pub use Expect::{Done, Limited, Pass, Refused, Wait};
+pub use Op::{Block, Check, ClearOverride, Peek, Refund, Reset, SetOverride, Settle};
 
 /// [`Expect::Blocked`] in one short line.
 pub const fn blocked(until_ms: u64, limit: u64) -> Expect {
@@ -219,6 +223,22 @@ async fn run_step(
                 .refund(policy, &Key::new(key), &receipt)
                 .await
                 .unwrap();
+            None
+        }
+        Op::Settle(key, n, units) => {
+            let receipt: Receipt = seen[n]
+                .as_ref()
+                .expect("settle of a step with a decision")
+                .receipt
+                .clone();
+            let settled = backend
+                .store
+                .settle(policy, &Key::new(key), &receipt, units)
+                .await;
+            if let (Expect::Refused, Err(_)) = (expect, &settled) {
+                return None;
+            }
+            settled.unwrap();
             None
         }
         Op::SetOverride(key, limit, secs, until) => {

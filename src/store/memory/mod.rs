@@ -207,6 +207,29 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    fn settle_units(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Result<(), StoreError> {
+        if let Some(refused) = policy.strategy().settle_refused() {
+            return Err(refused);
+        }
+        // A rejection's receipt names nothing: it charged nothing.
+        if actual == receipt.cost() || receipt.stamps().is_empty() {
+            return Ok(());
+        }
+        let algorithm = policy.strategy().algorithm();
+        self.with_shard(policy, key, |shard, keys, now| {
+            algorithm.settle(policy, shard, keys, now, receipt, actual)
+        });
+        Ok(())
+    }
+}
+
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic while holding the lock cannot leave a half-written entry that
     // matters more than refusing service; keep going with the data as is.
@@ -250,6 +273,28 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.give_back(policy, key, receipt);
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+        actual: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::ready(
+            self.settle_units(policy, key, receipt, actual),
+        ))
+    }
+
+    fn settle_now(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.settle_units(policy, key, receipt, actual))
     }
 
     fn set_override<'a>(

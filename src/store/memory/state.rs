@@ -105,6 +105,21 @@ impl Log {
         });
     }
 
+    /// Keeps at most `units` of the entries logged at `at` for request `id`:
+    /// a settle to fewer units than were charged. The Redis log's members
+    /// name each unit, and a settle removes those from `units` on; this log
+    /// keeps the same number.
+    pub(crate) fn keep(&mut self, at: u64, id: u64, units: u64) {
+        let mut kept = 0;
+        self.entries.retain(|&e| {
+            if e != (at, id) {
+                return true;
+            }
+            kept += 1;
+            kept <= units
+        });
+    }
+
     /// How many entries the log holds, inside the window or not.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -413,6 +413,42 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// One `EVALSHA` of the strategy's refund script with the difference
+    /// (negative: a charge); none when there is nothing to send. Sent
+    /// without a deadline: like a refund it applies however late, to what
+    /// the receipt charged or not at all.
+    async fn settle_units(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> Result<(), StoreError> {
+        if let Some(refused) = policy.strategy().settle_refused() {
+            return Err(refused);
+        }
+        // A rejection's receipt names nothing: it charged nothing.
+        if actual == receipt.cost() || receipt.stamps().is_empty() {
+            return Ok(());
+        }
+        let algorithm = policy.strategy().algorithm();
+        let call = algorithm.settle_call(policy, self.now_int(), receipt, actual);
+        let (script, args) = match call {
+            None => return Ok(()),
+            Some(GiveBack::Refund(script, args)) => (script, args),
+            Some(GiveBack::Release(..)) => return Ok(()),
+        };
+        let keys = self.inner.keys.quota_keys(policy, key);
+        self.inner
+            .conn
+            .eval(script, &keys, &args, false)
+            .await
+            .map_err(|err| script.error(err))?;
+        Ok(())
+    }
+}
+
+impl RedisStore {
     /// A charging decision, with a pre-check first if configured; a call
     /// that reaches Redis after `deadline` charges nothing.
     async fn charge(
@@ -574,6 +610,16 @@ impl Store for RedisStore {
             }
         }
         Box::pin(self.give_back(policy, key, receipt))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        receipt: &'a Receipt,
+        actual: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.settle_units(policy, key, receipt, actual))
     }
 
     /// A concurrency slot's release that would queue behind the calls in

@@ -86,6 +86,17 @@ macro_rules! aligned_window_rows {
             .then_under(policy(&[quota(3, 10)]), [
                 (1, Check("max", 1), limited(10_000, 9_999)),
             ]),
+
+            settle_charges_the_difference_or_gives_it_back => Row::new(policy(&[quota(10, 10)]), [
+                (0, Check("sam", 2), pass(8, 10_000)),
+                (1, Settle("sam", 0, 12), Done),
+                (2, Peek("sam"), limited(10_000, 9_998)),
+                (3, Settle("sam", 0, 0), Done),
+                (4, Peek("sam"), pass(0, 10_000)),
+                (10_000, Check("sam", 1), pass(9, 20_000)),
+                (10_001, Settle("sam", 0, 7), Done),
+                (10_002, Peek("sam"), pass(9, 20_000)),
+            ]),
         }
     };
 }

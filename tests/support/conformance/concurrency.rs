@@ -85,6 +85,15 @@ macro_rules! concurrency_rows {
                 (4, Refund("ida", 1), Done),
                 (5, Check("ida", 1), pass(0, 60_005)),
             ]),
+
+            // A slot is held, not spent: nothing to settle, and the store says so.
+            settle_is_refused_and_the_slot_kept => Row::new(policy(1), [
+                (0, Check("sam", 1), pass(0, 60_000)),
+                (1, Settle("sam", 0, 0), Refused),
+                (2, Check("sam", 1), limited(60_000, 1_000)),
+                (3, Refund("sam", 0), Done),
+                (4, Check("sam", 1), pass(0, 60_004)),
+            ]),
         }
     };
 }

@@ -115,6 +115,43 @@ macro_rules! fixed_window_rows {
                 (1, Check("max", 1), limited(10_000, 9_999)),
                 (2, Check("max", 1), limited(10_000, 9_998)),
             ]),
+
+            // A request's real cost, known from its response: the difference is
+            // charged (unchecked: the units were spent) or given back, to the
+            // window the request was charged in and no other.
+            settle_charges_the_difference_or_gives_it_back => Row::new(policy(&[quota(10, 10)]), [
+                (0, Check("sam", 2), pass(8, 10_000)),
+                (1, Settle("sam", 0, 5), Done),
+                (2, Peek("sam"), pass(5, 10_000)),
+                (3, Check("sam", 1), pass(4, 10_000)),
+                (4, Settle("sam", 3, 0), Done),
+                (5, Peek("sam"), pass(5, 10_000)),
+                (6, Check("sam", 1), pass(4, 10_000)),
+                // Overspent: 25 of 10. Remaining shows 0, and the caller is
+                // refused until the window ends.
+                (7, Settle("sam", 6, 20), Done),
+                (8, Peek("sam"), limited(10_000, 9_992)),
+                (9, Check("sam", 1), limited(10_000, 9_991)),
+                // Regression (proptest): a rejection's receipt names no window;
+                // settling it charges nothing, and no script errs.
+                (10, Settle("sam", 9, 5), Done),
+                (10_000, Check("sam", 1), pass(9, 20_000)),
+                // A settle for the window that ended changes nothing now.
+                (10_001, Settle("sam", 6, 50), Done),
+                (10_002, Settle("sam", 0, 0), Done),
+                (10_003, Peek("sam"), pass(9, 20_000)),
+            ]),
+
+            settle_moves_every_quota_it_charged => Row::new(policy(&[quota(5, 1), quota(10, 60)]), [
+                (0, Check("tia", 1), pass(4, 1_000)),
+                (1, Settle("tia", 0, 4), Done),
+                (2, Peek("tia"), pass(1, 1_000)),
+                // The second is over; the minute still counts the 4.
+                (1_000, Peek("tia"), pass(5, 2_000)),
+                (1_001, Check("tia", 1), pass(4, 2_001)),
+                (2_001, Check("tia", 5), pass(0, 3_001)),
+                (2_002, Check("tia", 1), limited(60_000, 57_998)),
+            ]),
         }
     };
 }

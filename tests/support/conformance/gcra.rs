@@ -72,6 +72,21 @@ macro_rules! gcra_rows {
                 (3_333_334, Check("ivy", 1), pass(0, 6_666_668)),
             ])
             .in_micros(),
+
+            // An overspend moves the TAT on by the difference; one that would
+            // have drained by the time it arrives changes nothing.
+            settle_charges_the_difference_or_gives_it_back => Row::new(bucket(1, 1, 2), [
+                (0, Check("sam", 1), pass(1, 1_000)),
+                (0, Settle("sam", 0, 2), Done),
+                (0, Peek("sam"), pass(0, 2_000)),
+                (1, Check("sam", 1), limited(2_000, 999)),
+                (5_000, Check("sam", 1), pass(1, 6_000)),
+                (9_000, Settle("sam", 4, 3), Done),
+                (9_000, Peek("sam"), pass(2, 9_000)),
+                (9_000, Check("sam", 2), pass(0, 11_000)),
+                (9_500, Settle("sam", 7, 0), Done),
+                (9_500, Peek("sam"), pass(2, 9_500)),
+            ]),
         }
     };
 }

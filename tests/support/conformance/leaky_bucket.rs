@@ -95,6 +95,21 @@ macro_rules! leaky_bucket_rows {
                 (1, Check("jo", 1), limited(500, 399)),
                 (2, Peek("jo"), limited(500, 298)),
             ]),
+
+            settle_charges_the_difference_or_gives_it_back => Row::new(policy(3), [
+                (0, Check("sam", 1), pass(2, 100)),
+                // Spent 3: the bucket empties 200 ms later.
+                (10, Settle("sam", 0, 3), Done),
+                (10, Peek("sam"), wait(0, 300, 290)),
+                (10, Check("sam", 1), limited(300, 90)),
+                (300, Check("sam", 1), pass(2, 400)),
+                (300, Settle("sam", 4, 0), Done),
+                (300, Peek("sam"), pass(3, 300)),
+                (300, Check("sam", 1), pass(2, 400)),
+                // Would have drained by +600: nothing.
+                (1_000, Settle("sam", 7, 3), Done),
+                (1_000, Peek("sam"), pass(3, 1_000)),
+            ]),
         }
     };
 }

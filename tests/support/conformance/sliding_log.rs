@@ -102,6 +102,24 @@ macro_rules! sliding_log_rows {
                 (7, Check("kim", 1), pass(0, 10_007)),
                 (8, Check("kim", 1), limited(10_007, 9_992)),
             ]),
+
+            // A settle gives back what was charged over the real cost, from the
+            // units after it, so a later refund finds its own; an overspend is
+            // not charged (one entry per unit, bounded by the limit).
+            settle_gives_back_but_never_charges_more => Row::new(log(10, 5), [
+                (0, Check("sam", 3), pass(2, 10_000)),
+                (1, Settle("sam", 0, 1), Done),
+                (2, Peek("sam"), pass(4, 10_000)),
+                (3, Settle("sam", 0, 9), Done),
+                (4, Peek("sam"), pass(4, 10_000)),
+                (5, Check("sam", 2), pass(2, 10_005)),
+                (6, Settle("sam", 5, 0), Done),
+                (7, Peek("sam"), pass(4, 10_000)),
+                (8, Check("sam", 3), pass(1, 10_008)),
+                (9, Settle("sam", 8, 1), Done),
+                (10, Refund("sam", 8), Done),
+                (11, Peek("sam"), pass(4, 10_000)),
+            ]),
         }
     };
 }

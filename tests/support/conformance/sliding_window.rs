@@ -96,6 +96,25 @@ macro_rules! sliding_window_rows {
                 (1, Check("max", 1), limited(16_000, 12_799)),
                 (2, Check("max", 1), limited(16_000, 12_798)),
             ]),
+
+            // Settled to the window the request was charged in, current or, once
+            // the window turned, previous.
+            settle_charges_the_difference_or_gives_it_back => Row::new(counter(&[quota(10, 8)]), [
+                (0, Check("sam", 2), pass(8, 16_000)),
+                (1, Settle("sam", 0, 5), Done),
+                (2, Peek("sam"), pass(5, 16_000)),
+                (3, Check("sam", 2), pass(3, 16_000)),
+                (4, Settle("sam", 3, 0), Done),
+                (5, Peek("sam"), pass(5, 16_000)),
+                (6, Check("sam", 1), pass(4, 16_000)),
+                // The previous 6 weigh in fully at the start of the next window.
+                (8_000, Check("sam", 1), pass(3, 24_000)),
+                (8_000, Settle("sam", 6, 3), Done),
+                (8_000, Peek("sam"), pass(1, 24_000)),
+                // Nothing in the current window: the estimate is zero when it ends.
+                (8_000, Settle("sam", 7, 0), Done),
+                (8_000, Peek("sam"), pass(2, 16_000)),
+            ]),
         }
     };
 }

@@ -53,6 +53,37 @@ macro_rules! uniform_gate_rows {
                 (10_003, Refund("bob", 2), Done),
                 (10_004, Check("bob", 1), limited(20_002, 9_998)),
             ]),
+
+            // Regression (proptest): a settle to what was charged sends nothing.
+            // Redis's had reopened a gate whose time had come, so a later settle
+            // of the same pass closed the memory store's gate and not Redis's.
+            settle_to_what_was_charged_changes_nothing => Row::new(gate(10), [
+                (0, Check("sam", 1), pass(0, 10_000)),
+                (10_000, Settle("sam", 0, 1), Done),
+                (10_000, Settle("sam", 0, 3), Done),
+                (10_000, Check("sam", 1), limited(30_000, 20_000)),
+            ]),
+
+            // A pass of cost c closes the gate for c spans; settled to a, for a
+            // spans from when it came, while the gate is still closed by it.
+            settle_moves_the_gate_by_whole_spans => Row::new(gate(10), [
+                (0, Check("sam", 1), pass(0, 10_000)),
+                (1, Settle("sam", 0, 3), Done),
+                (2, Check("sam", 1), limited(30_000, 29_998)),
+                (30_000, Check("sam", 2), pass(0, 50_000)),
+                (30_001, Settle("sam", 3, 1), Done),
+                (30_002, Check("sam", 1), limited(40_000, 9_998)),
+                (40_000, Check("sam", 1), pass(0, 50_000)),
+                // Settled to zero: the refund, the gate opens.
+                (40_001, Settle("sam", 6, 0), Done),
+                (40_002, Check("sam", 1), pass(0, 50_002)),
+                // A second past its reopening the pass's key is gone: nothing.
+                (51_002, Settle("sam", 8, 5), Done),
+                (51_004, Check("sam", 1), pass(0, 61_004)),
+                // An earlier pass's settle leaves a later closing alone.
+                (51_005, Settle("sam", 3, 4), Done),
+                (51_006, Check("sam", 1), limited(61_004, 9_998)),
+            ]),
         }
     };
 }
