@@ -270,16 +270,11 @@ impl Policy {
         self.overridable || self.penalty.is_some()
     }
 
-    /// This policy judging by `quotas` instead (an override, a quota that
-    /// came with the request): the same name, so the same state. On GCRA
-    /// and the leaky bucket quota 0's limit is also the burst (capacity).
-    pub(crate) fn with_quotas(&self, quotas: Arc<[Quota]>) -> Self {
-        let first = quotas.first().map(|q| q.limit());
-        let strategy = match (&self.strategy, first.and_then(NonZeroU32::new)) {
-            (Strategy::Gcra { .. }, Some(burst)) => Strategy::Gcra { burst },
-            (Strategy::LeakyBucket { .. }, Some(capacity)) => Strategy::LeakyBucket { capacity },
-            (other, _) => other.clone(),
-        };
+    /// This policy with `strategy` and `quotas` instead (an override, a
+    /// limit that came with the request): the same name, so the same
+    /// state. Built by `Policy::with_quotas` (`strategy/mod.rs`), which
+    /// asks the strategy what the quotas make of its parameters.
+    pub(crate) fn judged_by(&self, strategy: Strategy, quotas: Arc<[Quota]>) -> Self {
         Self {
             name: self.name.clone(),
             strategy,

@@ -147,6 +147,18 @@ fn burst_of(strategy: &Strategy) -> NonZeroU32 {
 }
 
 impl Algorithm for Gcra {
+    /// An override's (or a request's) quota sets the burst too: `limit`
+    /// units per `window`, up to `limit` at once.
+    fn judged_by(&self, strategy: &Strategy, quotas: &[Quota]) -> Strategy {
+        match quotas
+            .first()
+            .and_then(|q| std::num::NonZeroU32::new(q.limit()))
+        {
+            Some(burst) => Strategy::Gcra { burst },
+            None => strategy.clone(),
+        }
+    }
+
     fn max_quotas(&self) -> usize {
         1
     }

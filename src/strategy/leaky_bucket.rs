@@ -158,6 +158,18 @@ fn capacity_of(strategy: &Strategy) -> NonZeroU32 {
 }
 
 impl Algorithm for LeakyBucket {
+    /// An override's (or a request's) quota sets the capacity too: `limit`
+    /// units per `window`, up to `limit` at once.
+    fn judged_by(&self, strategy: &Strategy, quotas: &[Quota]) -> Strategy {
+        match quotas
+            .first()
+            .and_then(|q| std::num::NonZeroU32::new(q.limit()))
+        {
+            Some(capacity) => Strategy::LeakyBucket { capacity },
+            None => strategy.clone(),
+        }
+    }
+
     fn max_quotas(&self) -> usize {
         1
     }

@@ -31,6 +31,8 @@ pub(crate) mod sliding_log;
 pub(crate) mod sliding_window;
 pub(crate) mod uniform_gate;
 
+use std::sync::Arc;
+
 use crate::decision::{Decision, Receipt, Scope};
 use crate::error::ConfigError;
 #[cfg(feature = "redis")]
@@ -187,6 +189,18 @@ impl Strategy {
 }
 
 impl Policy {
+    /// This policy judging by `quotas` instead (an override, a quota that
+    /// came with the request): the same name, so the same state; the
+    /// strategy says what they make of its parameters
+    /// ([`Algorithm::judged_by`]).
+    pub(crate) fn with_quotas(&self, quotas: Arc<[Quota]>) -> Policy {
+        let strategy = self
+            .strategy()
+            .algorithm()
+            .judged_by(self.strategy(), &quotas);
+        self.judged_by(strategy, quotas)
+    }
+
     /// This policy with `limit` for the caller's own quota (the first
     /// whose budget is the caller's), its window kept: a limit that came
     /// with the request.
@@ -234,6 +248,14 @@ pub(crate) trait Algorithm: Sync {
     /// back then), rather than spending it.
     fn holds_until_response_ends(&self) -> bool {
         false
+    }
+
+    /// This strategy's parameters when `quotas` judge a caller instead of
+    /// the policy's (an override, a limit from the request): unchanged by
+    /// default; GCRA's burst and the leaky bucket's capacity follow quota
+    /// 0's limit.
+    fn judged_by(&self, strategy: &Strategy, _quotas: &[Quota]) -> Strategy {
+        strategy.clone()
     }
 
     /// Whether `quotas` suit `strategy` (this strategy, with its parameters).
