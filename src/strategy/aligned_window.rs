@@ -7,6 +7,8 @@
 //! decision is the fixed window's, over windows whose ends are aligned.
 
 use super::fixed_window;
+#[cfg(feature = "redis")]
+use super::lease::{LeaseScripts, Spending};
 use super::{Algorithm, Settles};
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
@@ -50,6 +52,16 @@ pub(crate) fn check(
 }
 
 /// This strategy's scripts, built once; a refund is the fixed window's.
+/// Its lease script, built once (`strategy/lease.rs`).
+#[cfg(feature = "redis")]
+static LEASE: LazyLock<LeaseScripts> = LazyLock::new(|| {
+    LeaseScripts::new(
+        "aligned_window_lease",
+        "aligned_window_lease_caller",
+        include_str!("../../lua/aligned_window_lease.lua"),
+    )
+});
+
 #[cfg(feature = "redis")]
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
     Trio::new(
@@ -140,6 +152,20 @@ impl Algorithm for AlignedWindow {
             LUA.decide(read_only),
             fixed_window::window_args(policy, now, cost),
         )
+    }
+
+    #[cfg(feature = "redis")]
+    fn lease_scripts(&self) -> Option<&'static LeaseScripts> {
+        Some(&LEASE)
+    }
+
+    /// One quota leases (see `strategy/lease.rs`).
+    #[cfg(feature = "redis")]
+    fn lease_spending(&self, policy: &Policy) -> Option<Spending> {
+        match policy.quotas() {
+            [_] => Some(Spending::Window),
+            _ => None,
+        }
     }
 
     #[cfg(feature = "redis")]

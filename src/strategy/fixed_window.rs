@@ -2,6 +2,8 @@
 //!
 //! Mirrors `lua/fixed_window.lua` line for line; change both together.
 
+#[cfg(feature = "redis")]
+use super::lease::{LeaseScripts, Spending};
 use super::{Algorithm, Settles};
 use crate::decision::{Decision, Receipt};
 use crate::policy::Policy;
@@ -197,6 +199,16 @@ pub(crate) fn refund_args(receipt: &Receipt, units: i64) -> Vec<String> {
     args
 }
 
+/// Its lease script, built once (`strategy/lease.rs`).
+#[cfg(feature = "redis")]
+static LEASE: LazyLock<LeaseScripts> = LazyLock::new(|| {
+    LeaseScripts::new(
+        "fixed_window_lease",
+        "fixed_window_lease_caller",
+        include_str!("../../lua/fixed_window_lease.lua"),
+    )
+});
+
 /// This strategy's scripts, built once.
 #[cfg(feature = "redis")]
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
@@ -283,6 +295,20 @@ impl Algorithm for FixedWindow {
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
         (LUA.decide(read_only), window_args(policy, now, cost))
+    }
+
+    #[cfg(feature = "redis")]
+    fn lease_scripts(&self) -> Option<&'static LeaseScripts> {
+        Some(&LEASE)
+    }
+
+    /// One quota leases (see `strategy/lease.rs`).
+    #[cfg(feature = "redis")]
+    fn lease_spending(&self, policy: &Policy) -> Option<Spending> {
+        match policy.quotas() {
+            [_] => Some(Spending::Window),
+            _ => None,
+        }
     }
 
     #[cfg(feature = "redis")]

@@ -14,6 +14,8 @@ use std::sync::Arc;
 #[cfg(feature = "redis")]
 use super::fixed_window::signed;
 use super::fixed_window::EXPIRY_GRACE_MICROS;
+#[cfg(feature = "redis")]
+use super::lease::{LeaseScripts, Spending};
 use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
@@ -123,6 +125,16 @@ pub(crate) fn charge(
     *tat = Some(from.saturating_add(more));
     true
 }
+
+/// Its lease script, built once (`strategy/lease.rs`).
+#[cfg(feature = "redis")]
+static LEASE: LazyLock<LeaseScripts> = LazyLock::new(|| {
+    LeaseScripts::new(
+        "gcra_lease",
+        "gcra_lease_caller",
+        include_str!("../../lua/gcra_lease.lua"),
+    )
+});
 
 /// This strategy's scripts, built once.
 #[cfg(feature = "redis")]
@@ -268,6 +280,22 @@ impl Algorithm for Gcra {
             int(burst.get()),
         ]);
         (LUA.decide(read_only), args)
+    }
+
+    #[cfg(feature = "redis")]
+    fn lease_scripts(&self) -> Option<&'static LeaseScripts> {
+        Some(&LEASE)
+    }
+
+    /// One quota leases (see `strategy/lease.rs`).
+    #[cfg(feature = "redis")]
+    fn lease_spending(&self, policy: &Policy) -> Option<Spending> {
+        match policy.quotas() {
+            [quota] => Some(Spending::Decaying {
+                interval: interval(quota),
+            }),
+            _ => None,
+        }
     }
 
     #[cfg(feature = "redis")]

@@ -33,12 +33,10 @@
 //! the quota arguments as it does for the decision, and the lease is
 //! granted against the limit the decision is judged by.
 
-use std::sync::LazyLock;
-
-use super::gcra;
+use super::ALL;
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::policy::{Policy, Strategy};
+use crate::policy::Policy;
 use crate::store::redis::args::int;
 use crate::store::redis::reply::{self, Ints};
 use crate::store::redis::script::{Args, LuaScript};
@@ -64,14 +62,16 @@ impl Spending {
     }
 }
 
-/// One strategy's lease script, alone and wrapped by a caller's rules.
-struct Pair {
+/// One strategy's lease script (`lua/<name>_lease.lua`), alone and wrapped
+/// by a caller's rules; the strategy's file builds it once
+/// ([`Algorithm::lease_scripts`](super::Algorithm::lease_scripts)).
+pub(crate) struct LeaseScripts {
     alone: LuaScript,
     with_caller: LuaScript,
 }
 
-impl Pair {
-    fn new(name: &'static str, caller: &'static str, source: &str) -> Self {
+impl LeaseScripts {
+    pub(crate) fn new(name: &'static str, caller: &'static str, source: &str) -> Self {
         Self {
             alone: LuaScript::decision(name, source),
             with_caller: LuaScript::decision_with_caller(caller, source),
@@ -87,88 +87,34 @@ impl Pair {
     }
 }
 
-/// The lease scripts, built once.
-struct Scripts {
-    fixed_window: Pair,
-    aligned_window: Pair,
-    gcra: Pair,
+/// Every lease script, alone and wrapped, in the order of [`ALL`].
+pub(crate) fn scripts() -> Vec<&'static LuaScript> {
+    let leasing = ALL.iter().filter_map(|a| a.lease_scripts());
+    let (alone, wrapped): (Vec<_>, Vec<_>) = leasing.map(|l| (&l.alone, &l.with_caller)).unzip();
+    alone.into_iter().chain(wrapped).collect()
 }
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    fixed_window: Pair::new(
-        "fixed_window_lease",
-        "fixed_window_lease_caller",
-        include_str!("../../lua/fixed_window_lease.lua"),
-    ),
-    aligned_window: Pair::new(
-        "aligned_window_lease",
-        "aligned_window_lease_caller",
-        include_str!("../../lua/aligned_window_lease.lua"),
-    ),
-    gcra: Pair::new(
-        "gcra_lease",
-        "gcra_lease_caller",
-        include_str!("../../lua/gcra_lease.lua"),
-    ),
-});
-
-/// Every lease script, in a fixed order (for the listing of every script).
-pub(crate) fn scripts() -> [&'static LuaScript; 6] {
-    let s = &*SCRIPTS;
-    [
-        &s.fixed_window.alone,
-        &s.aligned_window.alone,
-        &s.gcra.alone,
-        &s.fixed_window.with_caller,
-        &s.aligned_window.with_caller,
-        &s.gcra.with_caller,
-    ]
-}
-
-/// How `policy`'s leases are spent, if it can lease at all.
+/// How `policy`'s leases are spent, if it can lease at all (its strategy
+/// says: [`Algorithm::lease_spending`](super::Algorithm::lease_spending)).
 pub(crate) fn spending(policy: &Policy) -> Option<Spending> {
-    match (policy.strategy(), policy.quotas()) {
-        (Strategy::FixedWindow | Strategy::AlignedWindow, [_]) => Some(Spending::Window),
-        (Strategy::Gcra { .. }, [quota]) => Some(Spending::Decaying {
-            interval: gcra::interval(quota),
-        }),
-        _ => None,
-    }
+    policy.strategy().algorithm().lease_spending(policy)
 }
 
 /// The lease script for `policy` (which [`spending`] accepted) and its
-/// arguments: `now` (µs, or -1 for Redis `TIME`), `cost`, the quota, then
-/// the units wanted beyond `cost`. For a policy with a caller's own rules
-/// the script is wrapped by `lua/caller.lua`, whose keys and arguments the
-/// store adds after these.
+/// arguments: the strategy's decision's own (`now`, µs or -1 for Redis
+/// `TIME`, then `cost`, then its quota arguments), then the units wanted
+/// beyond `cost`. For a policy with a caller's own rules the script is
+/// wrapped by `lua/caller.lua`, whose keys and arguments the store adds
+/// after these.
 pub(crate) fn call(policy: &Policy, now: i64, cost: u64, want: u64) -> (&'static LuaScript, Args) {
-    let quota = &policy.quotas()[0];
-    match policy.strategy() {
-        Strategy::Gcra { burst } => (
-            SCRIPTS.gcra.for_policy(policy),
-            Args::from_slice(&[
-                now,
-                int(cost),
-                int(gcra::interval(quota)),
-                int(burst.get()),
-                int(want),
-            ]),
-        ),
-        strategy => {
-            let script = match strategy {
-                Strategy::AlignedWindow => SCRIPTS.aligned_window.for_policy(policy),
-                _ => SCRIPTS.fixed_window.for_policy(policy),
-            };
-            let args = Args::from_slice(&[
-                now,
-                int(cost),
-                int(quota.limit()),
-                int(quota.window_micros()),
-                int(want),
-            ]);
-            (script, args)
-        }
-    }
+    let algorithm = policy.strategy().algorithm();
+    let scripts = algorithm
+        .lease_scripts()
+        .expect("only a strategy that leases is asked for a lease");
+    let mut args = Args::from_slice(&[now, int(cost)]);
+    args.extend(algorithm.quota_args(policy).1);
+    args.push(int(want));
+    (scripts.for_policy(policy), args)
 }
 
 /// A lease script's reply: the decision for the request that asked (as the

@@ -354,6 +354,20 @@ pub(crate) trait Algorithm: Sync {
         read_only: bool,
     ) -> (&'static LuaScript, Args);
 
+    /// This strategy's lease scripts, if it can lease (`strategy/lease.rs`
+    /// says which can and why): `None`, the default, for one that cannot.
+    #[cfg(feature = "redis")]
+    fn lease_scripts(&self) -> Option<&'static lease::LeaseScripts> {
+        None
+    }
+
+    /// How a lease of `policy` is spent in this process, if the policy can
+    /// lease (one that can names its [`lease_scripts`](Self::lease_scripts)).
+    #[cfg(feature = "redis")]
+    fn lease_spending(&self, _policy: &Policy) -> Option<lease::Spending> {
+        None
+    }
+
     /// Where [`call`](Self::call)'s arguments for the policy's quotas start
     /// (0-based), and those arguments: what a caller's override replaces
     /// (`lua/caller.lua`).
