@@ -109,25 +109,50 @@ impl Decision {
         }
     }
 
-    /// This rejection as a [penalty box](crate::PenaltyBox)'s: blocked
-    /// until `until` (µs), which is then its reset and its retry.
+    /// This decision as a [penalty box](crate::PenaltyBox)'s refusal: the
+    /// caller is blocked until `until` (µs). Its reset and its retry are the
+    /// moment a request would pass: the block's end, or later when the
+    /// caller's own quota is still spent then (this decision, made with
+    /// the request's cost and nothing written, says how long that takes).
+    /// A block withholds the whole quota: `used` is the limit and
+    /// `remaining` 0, so the three never contradict each other.
     ///
     /// ```
     /// use tollgate::Decision;
+    /// // Blocked for 30 s; the window would have let it in after 1 s.
     /// let d = Decision::rejected(5, 5, 2_000_000, 1_000_000, 1_000_000).blocked_until(31_000_000);
     /// assert!(d.blocked && !d.allowed);
+    /// assert_eq!((d.used, d.remaining), (5, 0));
     /// assert_eq!(d.retry_after_secs(), Some(30));
+    /// // Blocked for 5 s, but the window is full for 55 s more: 55 s.
+    /// let d = Decision::rejected(3, 3, 56_000_000, 1_000_000, 55_000_000).blocked_until(6_000_000);
+    /// assert_eq!((d.retry_after_secs(), d.reset_epoch_secs()), (Some(55), 56));
+    /// // A quota with room: the block's end.
+    /// let d = Decision::allowed(50, 5, 60_000_000, 1_000_000).blocked_until(6_000_000);
+    /// assert_eq!((d.limit, d.used, d.remaining, d.retry_after_secs()), (50, 50, 0, Some(5)));
     /// ```
     pub fn blocked_until(mut self, until: u64) -> Self {
+        let passes_at = until.max(self.passes_at_micros());
         self.allowed = false;
         self.blocked = true;
         self.remaining = 0;
-        self.used = self.used.min(self.limit);
-        self.reset_at_micros = until;
-        self.retry_after = Some(Duration::from_micros(until.saturating_sub(self.now_micros)));
+        self.used = self.limit;
+        self.reset_at_micros = passes_at;
+        self.retry_after = Some(Duration::from_micros(
+            passes_at.saturating_sub(self.now_micros),
+        ));
         self.receipt = Receipt::default();
         self.delay = None;
         self
+    }
+
+    /// When a request like this one would pass (µs, store time): now for
+    /// a pass, after the retry for a rejection.
+    fn passes_at_micros(&self) -> u64 {
+        match (self.allowed, self.retry_after) {
+            (false, Some(wait)) => self.now_micros.saturating_add(wait.as_micros() as u64),
+            _ => self.now_micros,
+        }
     }
 
     /// Says which quota (0-based) these numbers describe.

@@ -20,7 +20,8 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
 
 /// A rejection: `status` (429 by default), the decision's headers with
 /// `Remaining: 0` and `Retry-After`, and a short JSON message that names
-/// whose budget ran out (`"scope": "consumer"` or `"resource"`).
+/// whose budget ran out (`"scope": "consumer"` or `"resource"`), or, for a
+/// caller in the penalty box, says it met a secondary rate limit.
 pub(crate) fn limited(
     status: StatusCode,
     policy: &Policy,
@@ -63,7 +64,14 @@ fn limited_body(name: &str, decision: &Decision, retry_after: u64) -> String {
         escaped = serde_json::Value::from(name).to_string();
         &escaped[1..escaped.len() - 1]
     };
+    // A block is GitHub's secondary rate limit: clients (octokit's
+    // throttling plugin) tell it by "secondary rate" in the message and
+    // wait `Retry-After`, which covers the block and the quota's own wait.
     let message = match decision.scope {
+        _ if decision.blocked => [
+            "You have exceeded a secondary rate limit for resource '",
+            "': this caller is blocked after repeated rejections. Wait for Retry-After before retrying.",
+        ],
         Scope::Resource => [
             "Rate limit exceeded for resource '",
             "': the limit shared by all callers is used up.",
@@ -170,6 +178,17 @@ mod tests {
             "retry_after": 10,
         });
         assert_eq!(limited_body("core", &decision, 10), expected.to_string());
+        let blocked =
+            Decision::rejected(5, 5, 10_500_000, 1_000_000, 9_500_000).blocked_until(31_000_000);
+        let expected = json!({
+            "message": "You have exceeded a secondary rate limit for resource 'core': this caller is blocked after repeated rejections. Wait for Retry-After before retrying.",
+            "resource": "core",
+            "scope": "consumer",
+            "limit": 5,
+            "reset": 31,
+            "retry_after": 30,
+        });
+        assert_eq!(limited_body("core", &blocked, 30), expected.to_string());
         let odd: serde_json::Value =
             serde_json::from_str(&limited_body("a\"b\\", &decision, 10)).unwrap();
         assert_eq!(odd["resource"], "a\"b\\");

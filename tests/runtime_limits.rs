@@ -416,3 +416,77 @@ async fn a_limit_from_the_request_judges_the_caller_and_an_override_beats_it() {
         .unwrap_err();
     assert!(matches!(err, ConfigError::UniformGateLimit { .. }), "{err}");
 }
+
+/// Issue 39's sequence through the layer, on the memory store and on Redis:
+/// 3 per minute, and 3 rejections within a minute block for 5 s. The
+/// rejection that starts the block, and those during it, name the moment a
+/// request would pass (the window's end, 55 s after the block's), in
+/// `Retry-After` and in `X-RateLimit-Reset`, which never moves back; their
+/// message is GitHub's secondary rate limit's; Limit, Used and Remaining
+/// agree. A client that waits `Retry-After` is admitted.
+#[tokio::test]
+async fn a_blocked_client_that_waits_retry_after_is_admitted() {
+    let redis = RedisServer::start();
+    for on_redis in [false, true] {
+        let clock = ManualClock::new(T0);
+        let penalty =
+            PenaltyBox::new(n(3), Duration::from_secs(60), Duration::from_secs(5)).unwrap();
+        let builder = RateLimitLayer::builder()
+            .policy(Policy::fixed_window("penalty", per_minute(3)).with_penalty_box(penalty))
+            .key(api_key);
+        let layer = match on_redis {
+            true => builder.store(app_server(&redis, "honest", &clock).await),
+            false => builder.store(MemoryStore::with_clock(clock.clone())),
+        };
+        let app = app(layer.build().unwrap());
+        let store = if on_redis { "redis" } else { "memory" };
+        let window_end = (T0 + 60_000_000).div_ceil(1_000_000).to_string();
+
+        for _ in 0..3 {
+            let pass = get_as(&app, "joe", None).await;
+            assert_eq!(pass.status(), StatusCode::OK, "{store}");
+            assert_eq!(header(&pass, "x-ratelimit-reset"), window_end, "{store}");
+        }
+        for strike in 1..=3 {
+            clock.advance(Duration::from_secs(1));
+            let refused = get_as(&app, "joe", None).await;
+            assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "{store}");
+            let wait = (60 - strike).to_string();
+            assert_eq!(
+                header(&refused, "retry-after"),
+                wait,
+                "{store}: strike {strike}"
+            );
+            assert_eq!(
+                header(&refused, "x-ratelimit-reset"),
+                window_end,
+                "{store}: strike {strike}"
+            );
+            assert_eq!(header(&refused, "x-ratelimit-remaining"), "0", "{store}");
+            let body = axum::body::to_bytes(refused.into_body(), 4096)
+                .await
+                .unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let message = body["message"].as_str().unwrap();
+            assert_eq!(
+                message.contains("secondary rate limit"),
+                strike == 3,
+                "{store}: strike {strike}: {message}"
+            );
+        }
+        // During the block: the same moment, and the three numbers agree.
+        clock.advance(Duration::from_secs(2));
+        let blocked = get_as(&app, "joe", None).await;
+        assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS, "{store}");
+        assert_eq!(header(&blocked, "retry-after"), "55", "{store}");
+        assert_eq!(header(&blocked, "x-ratelimit-reset"), window_end, "{store}");
+        let numbers =
+            ["limit", "used", "remaining"].map(|h| header(&blocked, &format!("x-ratelimit-{h}")));
+        assert_eq!(numbers, ["3", "3", "0"].map(String::from), "{store}");
+
+        // The client waits what it was told, and is admitted.
+        clock.advance(Duration::from_secs(55));
+        let back = get_as(&app, "joe", None).await;
+        assert_eq!(back.status(), StatusCode::OK, "{store}: after Retry-After");
+    }
+}

@@ -324,6 +324,7 @@ async fn run_step(
             );
             assert_eq!(d.remaining, 0, "{here}: remaining");
             assert_eq!(d.limit, limit, "{here}: limit");
+            assert_eq!(d.used, limit, "{here}: a block withholds the whole quota");
             assert_eq!(d.reset_at_micros, T0 + us(until_ms), "{here}: reset-at");
             assert_eq!(
                 d.retry_after,

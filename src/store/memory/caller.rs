@@ -111,11 +111,13 @@ pub(crate) fn decide(
         _ => Record::default(),
     };
     if record.blocked_until > now {
-        // What the caller's counters say, nothing written, as the numbers
-        // of the refusal.
-        return algorithm
-            .decide(policy, shard, keys, now, 0)
-            .blocked_until(record.blocked_until);
+        // The request decided as if charged, nothing written: how long its
+        // quota would still hold it after the block. A peek (cost 0) asks
+        // when a request of one unit would pass.
+        let unblocked = shard.dry_run(keys.iter(), |shard| {
+            algorithm.decide(policy, shard, keys, now, cost.max(1))
+        });
+        return unblocked.blocked_until(record.blocked_until);
     }
     let decision = algorithm.decide(policy, shard, keys, now, cost);
     if decision.allowed || cost == 0 {

@@ -128,6 +128,30 @@ impl Shard {
             .map(|e| (&mut e.state, e.expires_at))
     }
 
+    /// Runs `decide` on this shard, then puts the entries under `names`
+    /// back as they were: a decision as if charging, with nothing written
+    /// (what Redis's no-writes twin of a script does).
+    pub(crate) fn dry_run<'a, T>(
+        &mut self,
+        names: impl Iterator<Item = Name<'a>>,
+        decide: impl FnOnce(&mut Self) -> T,
+    ) -> T {
+        let saved: Vec<(Name<'a>, Option<(State, u64)>)> = names
+            .map(|name| {
+                let entry = self.entry(name).map(|e| (e.state.clone(), e.expires_at));
+                (name, entry)
+            })
+            .collect();
+        let answer = decide(self);
+        for (name, entry) in saved {
+            match entry {
+                Some((state, expires_at)) => self.put(name, state, expires_at),
+                None => self.remove(name),
+            }
+        }
+        answer
+    }
+
     pub(crate) fn remove(&mut self, name: Name<'_>) {
         if let Ok(entry) = self.entries.find_entry(name.hash(), |e| e.name.is(&name)) {
             entry.remove();

@@ -111,6 +111,24 @@ macro_rules! caller_rows {
                 ])
             },
 
+            // Issue 39: a 5 s block started while the window was full for
+            // 55 s more said "Retry-After: 5" and a Reset 55 s early; the
+            // client that waited 5 s was refused again, and struck.
+            a_block_never_tells_a_client_to_come_back_before_it_would_pass => {
+                let three = PenaltyBox::new(n(3), Duration::from_secs(60), Duration::from_secs(5)).unwrap();
+                Row::new(Policy::fixed_window("core", quota(3, 60)).with_penalty_box(three), [
+                    (0, Check("joe", 1), pass_of(3, 2)),
+                    (1, Check("joe", 1), pass_of(3, 1)),
+                    (2, Check("joe", 1), pass_of(3, 0)),
+                    (3, Check("joe", 1), limited(60_000, 59_997)),
+                    (4, Check("joe", 1), limited(60_000, 59_996)),
+                    (5, Check("joe", 1), blocked(60_000, 3)),
+                    (6, Check("joe", 1), blocked(60_000, 3)),
+                    (7, Peek("joe"), blocked(60_000, 3)),
+                    (60_000, Check("joe", 1), pass_of(3, 2)),
+                ])
+            },
+
             strikes_age_out_of_their_span => {
                 Row::new(Policy::fixed_window("core", quota(1, 10)).with_penalty_box(strict()), [
                     (0, Check("hal", 1), pass_of(1, 0)),
