@@ -191,9 +191,18 @@ end
 -- clock may run apart from Redis's).
 --
 -- Reply: the strategy's, but while the caller is blocked {2, limit, used,
--- block end, block end - now, now, reported quota}: what its counters say
--- (nothing written), refused until the block ends. The rejection that
--- starts a block replies so too, with 3 first instead of 2.
+-- passes at, passes at - now, now, reported quota}: refused, nothing
+-- written, until a request would pass: the block's end, or later when the
+-- request decided as if charged (a dry run) would still wait for its
+-- quota. The rejection that starts a block replies so too, with 3 first
+-- instead of 2 and its own wait.
+
+-- When a request would pass: the block's end `b`, or later when `r`, the
+-- strategy's reply for it, is a rejection that waits longer.
+local function passes_at(b, r, now)
+  if r[1] == 0 and r[5] > 0 then return math.max(b, now + r[5]) end
+  return b
+end
 
 local function with_caller(inner)
   return function(KEYS, ARGV, dry_run)
@@ -234,10 +243,12 @@ local function with_caller(inner)
       if math.max(tonumber(p[3]) or 0, b + cap) <= now then p, b = {}, 0 end
       local cost = ARGV[2]
       if b > now then
-        ARGV[2] = '0'
+        -- A peek (cost 0) asks when a request of one unit would pass.
+        if cost + 0 == 0 then ARGV[2] = '1' end
         local r = inner(KEYS, ARGV, true)
         ARGV[2] = cost
-        reply = {2, r[2], math.min(r[3], r[2]), b, b - now, now, r[7]}
+        local pass = passes_at(b, r, now)
+        reply = {2, r[2], math.min(r[3], r[2]), pass, pass - now, now, r[7]}
       else
         reply = inner(KEYS, ARGV, dry_run)
         if reply[1] == 0 and not dry_run and cost + 0 > 0 then
@@ -247,7 +258,8 @@ local function with_caller(inner)
           if s >= strikes then
             b = now + math.floor(math.min(block * 2 ^ blocks, cap))
             blocks, s = blocks + 1, 0
-            reply = {3, reply[2], math.min(reply[3], reply[2]), b, b - now, now, reply[7]}
+            local pass = passes_at(b, reply, now)
+            reply = {3, reply[2], math.min(reply[3], reply[2]), pass, pass - now, now, reply[7]}
           end
           redis.call('HSET', box, 'b', string.format('%d', b), 's', s,
             'e', string.format('%d', e), 'n', blocks)
