@@ -27,7 +27,12 @@ pub struct Decision {
     pub limit: u64,
     /// Units left in the reported quota (`X-RateLimit-Remaining`).
     pub remaining: u64,
-    /// Units spent in the reported quota (`X-RateLimit-Used`).
+    /// Units spent in the reported quota (`X-RateLimit-Used`), at most the
+    /// limit: `used + remaining == limit` on every decision. A window that
+    /// holds more (a response that cost more than its estimate, a limit
+    /// lowered under a caller) shows `used == limit` and `remaining == 0`
+    /// on the response that overspent and on every one after it, until
+    /// the window frees enough; a block shows the same.
     pub used: u64,
     /// When the reported quota frees up, µs since the epoch (`X-RateLimit-Reset`).
     pub reset_at_micros: u64,
@@ -71,7 +76,7 @@ impl Decision {
             allowed: true,
             limit,
             remaining: limit.saturating_sub(used),
-            used,
+            used: used.min(limit),
             reset_at_micros,
             now_micros,
             retry_after: None,
@@ -96,7 +101,7 @@ impl Decision {
             allowed: false,
             limit,
             remaining: 0,
-            used,
+            used: used.min(limit),
             reset_at_micros,
             now_micros,
             retry_after: Some(Duration::from_micros(retry_after_micros)),
@@ -212,22 +217,23 @@ impl Decision {
     pub(crate) fn refunded(mut self, cost: u64) -> Self {
         let back = cost.min(self.used);
         self.used -= back;
+        self.used = self.used.min(self.limit);
         self.remaining = self.limit.saturating_sub(self.used);
         self.receipt.cost = 0;
         self
     }
 
     /// The decision after its charge was settled to `actual` units: `used`
-    /// moves by the difference (never below zero), `remaining` follows and
-    /// never goes below zero, and the receipt now holds `actual`, so a
-    /// later settle or refund starts from there.
+    /// moves by the difference (never below zero, never above the limit),
+    /// `remaining` follows, and the receipt now holds `actual`, so a later
+    /// settle or refund starts from there.
     ///
     /// ```
     /// use tollgate::Decision;
     /// let pass = Decision::allowed(10, 9, 60_000_000, 1_000_000)
     ///     .with_receipt(tollgate::decision::Receipt::new(1, vec![60_000_000]));
-    /// let over = pass.clone().settled(4);
-    /// assert_eq!((over.used, over.remaining, over.receipt.cost()), (12, 0, 4));
+    /// let over = pass.clone().settled(4); // 12 spent of 10: all of it shown
+    /// assert_eq!((over.used, over.remaining, over.receipt.cost()), (10, 0, 4));
     /// let under = pass.settled(0);
     /// assert_eq!((under.used, under.remaining), (8, 2));
     /// ```
@@ -239,6 +245,7 @@ impl Decision {
             self.used.saturating_sub(charged - actual)
         };
         self.remaining = self.limit.saturating_sub(self.used);
+        self.used = self.used.min(self.limit);
         self.receipt.cost = actual;
         self
     }
