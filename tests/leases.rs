@@ -469,3 +469,65 @@ async fn a_gcra_lease_decays_as_the_bucket_refills() {
     clock.advance(Duration::from_millis(30));
     assert!(server.check_now(&policy, &bob, 1).is_none(), "decayed");
 }
+
+/// Issue 39: one server, a lease in hand, limit 100, a route whose cost is
+/// settled from the response. `Remaining` went 80, 50 (settled to 30), then
+/// 78 and 77 while Redis held 52 of 100. Now the lease settles what it can
+/// (an overspend is spent from it first, the rest charged in Redis and
+/// counted), and every response shows what the memory store shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_through_a_lease_shows_what_the_memory_store_shows() {
+    let policy = Policy::fixed_window("llm", per_minute(100));
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("lease-settle");
+    let leasing = store(&shared_url(), &prefix, &clock, Some(leases())).await;
+    let memory = tollgate::MemoryStore::with_clock(clock.clone());
+    let mut seen = Vec::new();
+    for on_redis in [false, true] {
+        let builder = RateLimitLayer::builder()
+            .policy(policy.clone())
+            .key(HeaderKey::new("x-api-key"));
+        let layer = match on_redis {
+            true => builder.store(leasing.clone()),
+            false => builder.store(memory.clone()),
+        };
+        let app = Router::new()
+            .route(
+                "/llm",
+                get(
+                    |axum::extract::RawQuery(q): axum::extract::RawQuery| async move {
+                        let used = q
+                            .and_then(|q| q.strip_prefix("used=")?.parse().ok())
+                            .unwrap_or(1);
+                        (axum::Extension(tollgate::ActualCost(used)), "done")
+                    },
+                ),
+            )
+            .layer(layer.build().unwrap());
+        let mut remaining = Vec::new();
+        for used in [1; 20].into_iter().chain([30, 1, 1, 0, 5, 1]) {
+            let req = Request::get(format!("/llm?used={used}"))
+                .header("x-api-key", "acme")
+                .body(Body::empty())
+                .unwrap();
+            let res = app.clone().oneshot(req).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+            remaining.push(
+                res.headers()["x-ratelimit-remaining"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        seen.push(remaining);
+    }
+    assert_eq!(seen[0][19..22], ["80", "50", "49"], "memory");
+    assert_eq!(seen[1], seen[0], "the leasing server, then memory");
+    assert_eq!(seen[1].last().map(String::as_str), Some("42"), "58 spent");
+    let reader = store(&shared_url(), &prefix, &clock, None).await;
+    let in_redis = used_in_redis(&reader, &policy, &caller("acme")).await;
+    assert!(
+        (58..=100).contains(&in_redis),
+        "Redis counts what was spent and what is leased: {in_redis}"
+    );
+}

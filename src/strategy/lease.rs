@@ -52,6 +52,17 @@ pub(crate) enum Spending {
 }
 
 impl Spending {
+    /// The refund stamp of a pass that leaves `left` units in a lease
+    /// charged at `stamp`: the window's end, or for GCRA the TAT the pass
+    /// would have left without the units still leased (a refund is floored
+    /// at its pass's TAT, as in the memory store).
+    pub(crate) fn stamp_of_pass(self, stamp: u64, left: u64) -> u64 {
+        match self {
+            Spending::Window => stamp,
+            Spending::Decaying { interval } => stamp.saturating_sub(left.saturating_mul(interval)),
+        }
+    }
+
     /// Units of a lease of `units` decayed `elapsed` µs after it was asked
     /// for: rounded up, so a lease never outlives what the bucket refilled.
     pub(crate) fn decayed(self, elapsed: u64) -> u64 {

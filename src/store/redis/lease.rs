@@ -146,8 +146,10 @@ struct Lease {
     /// The refund stamp of what the lease charged.
     stamp: u64,
     limit: u64,
-    /// What Redis had left of the limit once the lease was charged.
-    left_in_redis: u64,
+    /// What Redis had left of the limit once the lease was charged, moved
+    /// by what this server settled or refunded in Redis since in the
+    /// lease's window; below zero when settles overspent it.
+    left_in_redis: i64,
     /// `Reset` from Redis, store time, µs.
     reset_at: u64,
     /// Redis's (or the store clock's) time when the lease was charged, µs.
@@ -183,12 +185,52 @@ impl Lease {
         self.units -= cost;
         self.spent += cost;
         self.last_used = now;
-        let remaining = (self.left_in_redis + (available - cost)).min(self.limit);
+        let remaining = self.remaining_with(available - cost);
         let store_now = self.store_now + now.saturating_sub(self.asked_at);
+        let stamp = self.spending.stamp_of_pass(self.stamp, self.units);
         Some(
             Decision::allowed(self.limit, self.limit - remaining, self.reset_at, store_now)
-                .with_receipt(Receipt::of(cost, [self.stamp])),
+                .with_receipt(Receipt::of(cost, [stamp])),
         )
+    }
+
+    /// `Remaining` with `unspent` units of the lease left: what Redis had
+    /// left plus them, between 0 and the limit.
+    fn remaining_with(&self, unspent: u64) -> u64 {
+        let left = self.left_in_redis.saturating_add_unsigned(unspent);
+        left.clamp(0, self.limit as i64) as u64
+    }
+
+    /// Room under the limit at `now`: what a give-back can add before the
+    /// budget is whole (a full GCRA bucket takes no more).
+    fn room(&self, now: u64) -> u64 {
+        self.limit - self.remaining_with(self.available(now))
+    }
+
+    /// `units` spent from this lease are unspent again.
+    fn take_back(&mut self, units: u64, now: u64) {
+        self.spent -= units;
+        self.units += units.min(self.room(now));
+    }
+
+    /// `units` were given back in Redis, to this lease's window.
+    fn freed_in_redis(&mut self, units: u64, now: u64) {
+        let units = units.min(self.room(now));
+        self.left_in_redis = self.left_in_redis.saturating_add_unsigned(units);
+    }
+
+    /// Whether units given back from `receipt` may go into this lease: it
+    /// names the lease's window. Not a GCRA lease's: GCRA floors a refund
+    /// at the pass's own TAT, which a lease does not know (a settle or
+    /// refund ends a GCRA lease first, see [`RedisStore::settle_in_lease`]).
+    fn takes_back(&self, receipt: &Receipt) -> bool {
+        matches!(self.spending, Spending::Window) && self.charged(receipt)
+    }
+
+    /// Whether `receipt` charged this lease's window (or, for GCRA, was
+    /// spent from this lease): it names the lease's stamp.
+    fn charged(&self, receipt: &Receipt) -> bool {
+        receipt.stamps() == [self.stamp]
     }
 
     /// What to give back of this lease, if anything is left at `now`.
@@ -369,20 +411,24 @@ impl LeaseTable {
         let mut returning = None;
         if let Some(lease) = entry.lease.as_mut() {
             // A request judged by other quotas (a limit it brought) cannot
-            // spend a lease granted under these: that lease ends.
-            let usable = lease.judges_as(policy);
-            if let Some(decision) = lease.spend(now, cost).filter(|_| usable) {
+            // spend a lease granted under these.
+            let spent = match lease.judges_as(policy) {
+                true => lease.spend(now, cost),
+                false => None,
+            };
+            if let Some(decision) = spent {
                 if !waited {
                     entry.note(now, cost, self.options.span);
                 }
                 return (Ask::Spent(decision), None);
             }
-            if !usable || lease.ended(now) {
-                returning = entry
-                    .lease
-                    .take()
-                    .and_then(|l| l.returning(key.clone(), now));
-            }
+            // A lease that cannot pay for this request ends, and what it
+            // leaves goes back before Redis decides: Redis then sees every
+            // unit this server holds, as a memory store would.
+            returning = entry
+                .lease
+                .take()
+                .and_then(|l| l.returning(key.clone(), now));
         }
         if !waited {
             entry.note(now, cost, self.options.span);
@@ -428,25 +474,93 @@ impl LeaseTable {
         old.and_then(|old| old.returning(key.clone(), now))
     }
 
+    /// The lease in hand for `key`, while it lasts.
+    fn live_lease<'s>(
+        shard: &'s mut HashMap<Name, Entry, RandomState>,
+        policy: &Policy,
+        key: &Key,
+        now: u64,
+    ) -> Option<&'s mut Lease> {
+        shard
+            .get_mut(&Self::name_ref(policy, key))
+            .and_then(|e| e.lease.as_mut())
+            .filter(|lease| !lease.ended(now))
+    }
+
     /// Gives `receipt` back to the lease in hand, if it was spent from it
     /// (its window, and no more than was spent) and the lease has not
     /// ended: the unit was charged in Redis with the lease and is unspent
     /// again. `false`: it is Redis's to refund.
     pub(crate) fn refund(&self, policy: &Policy, key: &Key, receipt: &Receipt, now: u64) -> bool {
         let mut shard = self.shard(key);
-        let Some(lease) = shard
-            .get_mut(&Self::name_ref(policy, key))
-            .and_then(|e| e.lease.as_mut())
-        else {
+        let Some(lease) = Self::live_lease(&mut shard, policy, key, now) else {
             return false;
         };
         let cost = receipt.cost();
-        if lease.ended(now) || receipt.stamps() != [lease.stamp] || lease.spent < cost {
+        if !lease.takes_back(receipt) || lease.spent < cost {
             return false;
         }
-        lease.spent -= cost;
-        lease.units += cost;
+        lease.take_back(cost, now);
         true
+    }
+
+    /// `receipt` is being refunded in Redis: in the lease's window, what
+    /// Redis has left grows by it.
+    pub(crate) fn refunding_in_redis(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        now: u64,
+    ) {
+        let mut shard = self.shard(key);
+        if let Some(lease) = Self::live_lease(&mut shard, policy, key, now) {
+            if lease.charged(receipt) {
+                lease.freed_in_redis(receipt.cost(), now);
+            }
+        }
+    }
+
+    /// Settles `receipt` to `actual` units against the lease in hand, as
+    /// far as it can, and answers the actual cost left for Redis to settle
+    /// (`receipt.cost()`: nothing). Units given back go into the lease when
+    /// they were spent from it; an overspend is spent from the lease first.
+    /// What goes to Redis in the lease's window moves what Redis has left,
+    /// so the lease's next decisions show what a memory store would.
+    pub(crate) fn settle(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        actual: u64,
+        now: u64,
+    ) -> u64 {
+        let charged = receipt.cost();
+        let mut shard = self.shard(key);
+        let Some(lease) = Self::live_lease(&mut shard, policy, key, now) else {
+            return actual;
+        };
+        if !matches!(lease.spending, Spending::Window) || !lease.charged(receipt) {
+            return actual;
+        }
+        let from_this_lease = lease.takes_back(receipt);
+        if actual < charged {
+            let back = charged - actual;
+            if from_this_lease && lease.spent >= back {
+                lease.take_back(back, now);
+                return charged;
+            }
+            lease.freed_in_redis(back, now);
+            return actual;
+        }
+        let more = actual - charged;
+        let from_lease = more.min(lease.available(now));
+        lease.units -= from_lease;
+        lease.spent += from_lease;
+        lease.left_in_redis = lease
+            .left_in_redis
+            .saturating_sub_unsigned(more - from_lease);
+        actual - from_lease
     }
 
     /// Drops `key`'s lease without giving it back (a reset clears Redis).
@@ -548,6 +662,41 @@ impl RedisStore {
             .is_some_and(|table| table.refund(policy, key, receipt, self.lease_now()))
     }
 
+    /// A settle's part the lease in hand takes (see [`LeaseTable::settle`]):
+    /// the actual cost left for Redis. A GCRA lease is given back first:
+    /// Redis then judges the settle on the bucket the memory store would
+    /// hold (GCRA floors a settle at the pass's own TAT, which a lease's
+    /// units would move).
+    pub(super) async fn settle_in_lease(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        receipt: &Receipt,
+        actual: u64,
+    ) -> u64 {
+        let Some(table) = self.leasing(policy, receipt.cost().max(actual)) else {
+            return actual;
+        };
+        if let Some(Spending::Decaying { .. }) = lease::spending(policy) {
+            self.end_lease(policy, key).await;
+            return actual;
+        }
+        table.settle(policy, key, receipt, actual, self.lease_now())
+    }
+
+    /// A refund going to Redis: the lease in hand counts it (see
+    /// [`LeaseTable::refunding_in_redis`]), or, a GCRA lease, is given
+    /// back first (as for [`settle_in_lease`](Self::settle_in_lease)).
+    pub(super) async fn refunding_in_redis(&self, policy: &Policy, key: &Key, receipt: &Receipt) {
+        let Some(table) = self.leasing(policy, receipt.cost()) else {
+            return;
+        };
+        match lease::spending(policy) {
+            Some(Spending::Decaying { .. }) => self.end_lease(policy, key).await,
+            _ => table.refunding_in_redis(policy, key, receipt, self.lease_now()),
+        }
+    }
+
     /// Drops `key`'s lease on this server (before a reset).
     pub(super) fn forget_lease(&self, policy: &Policy, key: &Key) {
         if let Some(table) = &self.inner.leases {
@@ -603,7 +752,17 @@ impl RedisStore {
         loop {
             let (ask, returning) = table.ask(policy, key, cost, self.lease_now(), waited);
             if let Some(returning) = returning {
-                self.return_in_background(returning);
+                // Within the request's deadline: a give-back cut short
+                // still lands, or lapses with its window.
+                let back = self.return_lease(returning);
+                match deadline {
+                    Some(deadline) => {
+                        let _ = tokio::time::timeout_at(deadline.into(), back).await;
+                    }
+                    None => {
+                        let _ = back.await;
+                    }
+                }
             }
             match ask {
                 Ask::Spent(decision) => return Some(Ok(decision)),
@@ -672,6 +831,7 @@ impl RedisStore {
         let (mut decision, leased) = lease::reply(ints, cost)?;
         if decision.allowed && leased > 0 {
             let spending = lease::spending(policy).expect("only leasing policies take leases");
+            let lease_stamp = decision.receipt.stamps().first().copied().unwrap_or(0);
             let lifetime = asked_at.saturating_add(table.options.lifetime);
             let window_left = decision.reset_at_micros.saturating_sub(decision.now_micros);
             let window_ends_at = match spending {
@@ -692,9 +852,9 @@ impl RedisStore {
                 asked_at,
                 ends_at: lifetime.min(spent_by),
                 window_ends_at,
-                stamp: decision.receipt.stamps().first().copied().unwrap_or(0),
+                stamp: lease_stamp,
                 limit: decision.limit,
-                left_in_redis: decision.remaining,
+                left_in_redis: decision.remaining as i64,
                 reset_at: decision.reset_at_micros,
                 store_now: decision.now_micros,
                 last_used: asked_at,
@@ -711,6 +871,8 @@ impl RedisStore {
             );
             decision.remaining = (decision.remaining + leased).min(decision.limit);
             decision.used = decision.limit - decision.remaining;
+            let stamp = spending.stamp_of_pass(lease_stamp, leased);
+            decision.receipt = Receipt::of(cost, [stamp]);
         }
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))

@@ -387,6 +387,7 @@ impl RedisStore {
         if receipt.is_empty() || self.refund_to_lease(policy, key, receipt) {
             return Ok(());
         }
+        self.refunding_in_redis(policy, key, receipt).await;
         self.refund_in_redis(policy, key, receipt).await
     }
 
@@ -429,6 +430,11 @@ impl RedisStore {
         }
         // A rejection's receipt names nothing: it charged nothing.
         if actual == receipt.cost() || receipt.stamps().is_empty() {
+            return Ok(());
+        }
+        // The lease in hand settles what it can; Redis the rest.
+        let actual = self.settle_in_lease(policy, key, receipt, actual).await;
+        if actual == receipt.cost() {
             return Ok(());
         }
         let algorithm = policy.strategy().algorithm();
