@@ -17,9 +17,10 @@
 //! `RateLimit-Policy`) or `both`.
 //! `ZOO_CALLS_IN_FLIGHT` sets the Redis store's batching calls in flight
 //! (`RedisStoreBuilder::calls_in_flight`; default 4).
-//! `ZOO_LEASES=1` (with `REDIS_URL`) decides `/tigerfeeding` on a Redis
-//! store with leases (`tollgate::store::Leases`): a hot caller is decided in
-//! memory from a slice of its budget that Redis charged first.
+//! `ZOO_LEASES=1` (with `REDIS_URL`) decides `/tigerfeeding` and
+//! `/tokens/tigerfeeding` on a Redis store with leases (`tollgate::Leases`):
+//! a hot caller is decided in memory from a slice of its budget that Redis
+//! charged first, and a settle goes through its lease.
 //!
 //! Routes:
 //! - `GET /tigerfeeding`: limited; 200 with an `ETag`, or 304 (refunded) when
@@ -116,7 +117,7 @@ mod tiers;
 mod tokens;
 
 use tollgate::headers::RateLimitHeaders;
-use tollgate::store::Leases;
+use tollgate::Leases;
 use tollgate::{
     ForwardedIp, HeaderKey, KeyExtractor, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer,
     RedisStore, Store,
@@ -314,7 +315,8 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     };
     let key = settings.caller_key()?;
 
-    // With ZOO_LEASES=1, /tigerfeeding's own store leases hot callers.
+    // With ZOO_LEASES=1, /tigerfeeding's and /tokens/tigerfeeding's own
+    // store leases hot callers.
     let tiger_store: Arc<dyn Store> = match (&settings.redis_url, settings.leases) {
         (Some(url), true) => {
             let leasing = RedisStore::connect_builder(url)
@@ -330,7 +332,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
     let tiger_limit = RateLimitLayer::builder()
         .headers(dialect())
         .policy(Policy::fixed_window("tigerfeeding", settings.quota).overridable())
-        .shared_store(tiger_store)
+        .shared_store(tiger_store.clone())
         .key(key.clone())
         .build()
         .map_err(|e| e.to_string())?;
@@ -350,7 +352,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         settings.trusted_proxies.as_deref(),
     )?;
 
-    let tokens = tokens::routes(&settings.tokens, store.clone(), key.clone())?;
+    let tokens = tokens::routes(&settings.tokens, tiger_store.clone(), key.clone())?;
 
     let mut zoo = Zoo {
         limits: vec![tiger_limit.clone()],

@@ -251,10 +251,11 @@ impl Decision {
     }
 }
 
-/// What a request really cost, in quota units, known once its response is
-/// done (tokens generated, bytes sent, rows scanned): a handler puts it in
-/// its response's extensions, and the layer settles the request's charge
-/// to it. The request was charged its estimate (the layer's
+/// What a request really cost, in quota units (a `u64`: write
+/// `ActualCost(u64::from(tokens))` for a `u32` count), known once its
+/// response is done (tokens generated, bytes sent, rows scanned): a
+/// handler puts it in its response's extensions, and the layer settles the
+/// request's charge to it. The request was charged its estimate (the layer's
 /// [`cost`](crate::RateLimitLayerBuilder::cost), 1 by default) when it
 /// started; the difference is charged, or given back, in one store call,
 /// to the window the estimate was charged in. A request that overspends

@@ -78,7 +78,7 @@ pub mod tier;
 pub use decision::{ActualCost, Decision};
 pub use error::{AdminError, ConfigError, KeyError, StoreError};
 pub use failure::FailurePolicy;
-pub use key::{ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};
+pub use key::{Caller, ForwardedIp, HeaderKey, Key, KeyExtractor, PeerIp};
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use overrides::Override;
 pub use penalty::PenaltyBox;
@@ -87,7 +87,7 @@ pub use quota::Quota;
 pub use rate_limiter::RateLimiter;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::RedisStore;
+pub use store::{Leases, RedisStore};
 pub use store::{MemoryStore, Store};
 pub use tier::TieredLayer;
 

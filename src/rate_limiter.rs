@@ -9,7 +9,7 @@ use http::request::Parts;
 use crate::decision::Decision;
 use crate::error::{AdminError, ConfigError, KeyError, StoreError};
 use crate::failure::FailurePolicy;
-use crate::key::Key;
+use crate::key::{Caller, Key};
 use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
 use crate::overrides::Override;
@@ -97,6 +97,34 @@ impl RateLimiter {
     /// ```
     pub fn policy(&self) -> &Policy {
         &self.core.config.policy
+    }
+
+    /// The key a request of `caller` gets under this limiter's layer's
+    /// extractor (see [`Caller`]): how an operator names the caller an
+    /// override, a block, a reset or a peek is for. A limiter built alone
+    /// ([`RateLimiter::new`]) has no extractor and answers
+    /// [`KeyError::Missing`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{key::Caller, HeaderKey, MemoryStore, Override, Policy, Quota, RateLimitLayer};
+    ///
+    /// let hourly = |n| Quota::per_hour(NonZeroU32::new(n).unwrap());
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("api", hourly(100)).overridable())
+    ///     .key(HeaderKey::new("x-api-key"))
+    ///     .store(MemoryStore::new())
+    ///     .build()
+    ///     .unwrap();
+    /// let api = layer.limiter();
+    /// let acme = api.key_of(&Caller::new().header("x-api-key", "acme-key").unwrap()).unwrap();
+    /// api.set_override(&acme, Override::new(hourly(5_000))).await.unwrap();
+    /// assert_eq!(api.peek(&acme).await.unwrap().limit, 5_000);
+    /// # }
+    /// ```
+    pub fn key_of(&self, caller: &Caller) -> Result<Key, KeyError> {
+        self.core.config.key.key_of(caller)
     }
 
     /// Charges `cost` to `key` if it fits: the decision the layer would

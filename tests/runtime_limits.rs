@@ -5,6 +5,7 @@
 mod support;
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -488,5 +489,104 @@ async fn a_blocked_client_that_waits_retry_after_is_admitted() {
         clock.advance(Duration::from_secs(55));
         let back = get_as(&app, "joe", None).await;
         assert_eq!(back.status(), StatusCode::OK, "{store}: after Retry-After");
+    }
+}
+
+/// Issue 39: an override set under `Key::new("acme")` never met a request
+/// keyed by `HeaderKey` (its key is `x-api-key:<hash>`). `key_of` names a
+/// caller as each extractor sees it, and the request honours what was set
+/// through it.
+#[tokio::test]
+async fn an_override_set_for_a_caller_named_by_key_of_is_honoured_by_its_requests() {
+    use axum::extract::ConnectInfo;
+    use std::net::SocketAddr;
+    use tollgate::key::{Caller, RouteKey};
+    use tollgate::{ForwardedIp, HeaderKey, KeyExtractor, PeerIp};
+
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let tenant = |parts: &axum::http::request::Parts| {
+        let tenant = parts.headers.get("x-tenant").and_then(|v| v.to_str().ok());
+        tenant
+            .map(|t| Key::new(format!("tenant:{t}")))
+            .ok_or(tollgate::KeyError::Missing("x-tenant"))
+    };
+    // (what it is, the extractor, the caller as an operator names it, the
+    // peer and headers of one of its requests)
+    type Row<'a> = (
+        &'a str,
+        Arc<dyn KeyExtractor>,
+        Caller,
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "a token header",
+            Arc::new(HeaderKey::new("x-api-key")),
+            Caller::new().header("x-api-key", "acme-secret").unwrap(),
+            "192.0.2.1",
+            vec![("x-api-key", "acme-secret")],
+        ),
+        (
+            "a peer's IPv6 address, grouped by /64",
+            Arc::new(PeerIp::new()),
+            Caller::new().ip(ip("2001:db8:1:2::7")),
+            "2001:db8:1:2::99",
+            vec![],
+        ),
+        (
+            "the client behind a trusted proxy",
+            Arc::new(ForwardedIp::trusting(["10.0.0.0/8"]).unwrap()),
+            Caller::new().ip(ip("203.0.113.9")),
+            "10.1.2.3",
+            vec![("x-forwarded-for", "203.0.113.9, 10.9.9.9")],
+        ),
+        (
+            "a route and the peer",
+            Arc::new(RouteKey.and(PeerIp::new())),
+            Caller::new().route("/search").ip(ip("192.0.2.7")),
+            "192.0.2.7",
+            vec![],
+        ),
+        (
+            "a closure",
+            Arc::new(tenant),
+            Caller::new().header("x-tenant", "acme").unwrap(),
+            "192.0.2.8",
+            vec![("x-tenant", "acme")],
+        ),
+    ];
+    for (what, extractor, caller, peer, headers) in rows {
+        let layer = RateLimitLayer::builder()
+            .policy(Policy::fixed_window("api", per_minute(1)).overridable())
+            .key(extractor)
+            .store(MemoryStore::new())
+            .build()
+            .unwrap();
+        let limiter = layer.limiter();
+        let key = limiter.key_of(&caller).unwrap();
+        assert_eq!(layer.key_of(&caller).unwrap(), key, "{what}");
+        limiter
+            .set_override(&key, Override::new(per_minute(5)))
+            .await
+            .unwrap();
+        let app = Router::new()
+            .route("/search", get(|| async { "ok" }))
+            .route_layer(layer);
+        let mut request = Request::get("/search");
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        let peer = SocketAddr::new(peer.parse().unwrap(), 4000);
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{what}");
+        assert_eq!(
+            header(&response, "x-ratelimit-limit"),
+            "5",
+            "{what}: the override"
+        );
+        assert_eq!(header(&response, "x-ratelimit-remaining"), "4", "{what}");
     }
 }

@@ -3,20 +3,20 @@
 //! the operator's routes that reset a caller and change its limit.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, Query, State};
+use axum::extract::{Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{post, put};
 use axum::{Json, Router};
 use serde_json::json;
 use tollgate::{
-    AdminError, Decision, Key, KeyExtractor, Override, Policy, Quota, RateLimitLayer, RateLimiter,
-    Store,
+    AdminError, Caller, Decision, Key, KeyExtractor, Override, Policy, Quota, RateLimitLayer,
+    RateLimiter, Store,
 };
 
 use super::env_or;
@@ -308,27 +308,20 @@ async fn clear_limit(
     }
 }
 
-/// The key the zoo's extractor gives a request from `whom`: built from a
-/// request as that caller would send it, so an address is grouped and an
-/// API key hashed exactly as on the limited routes.
+/// The key the zoo's extractor gives a request from `whom`
+/// (`KeyExtractor::key_of`): an address grouped and an API key hashed
+/// exactly as on the limited routes.
 fn caller(accounts: &Accounts, whom: &Whom) -> Result<Key, String> {
-    let mut request = Request::get("/");
+    let mut caller = Caller::new();
     if let Some(api_key) = &whom.api_key {
-        request = request.header("x-api-key", api_key);
+        caller = caller
+            .header("x-api-key", api_key)
+            .map_err(|e| format!("bad api_key: {e}"))?;
     } else if whom.ip.is_none() {
         return Err("name the caller: ?ip=.. or ?api_key=..".into());
     }
-    let (mut parts, ()) = request
-        .body(())
-        .map_err(|e| format!("bad api_key: {e}"))?
-        .into_parts();
     if let Some(ip) = whom.ip {
-        parts.extensions.insert(ConnectInfo(SocketAddr::new(ip, 0)));
-        // Behind trusted proxies the zoo reads the client from here.
-        parts.headers.insert(
-            "x-forwarded-for",
-            ip.to_string().parse().map_err(|_| "bad ip".to_string())?,
-        );
+        caller = caller.ip(ip);
     }
-    accounts.key.extract(&parts).map_err(|e| e.to_string())
+    accounts.key.key_of(&caller).map_err(|e| e.to_string())
 }

@@ -3,10 +3,12 @@
 //! Keys are escaped when built, so no caller can pick another caller's key or
 //! steer a Redis Cluster slot with `{hash tags}` of its own.
 
+mod caller;
 mod header;
 mod ip;
 mod route;
 
+pub use caller::Caller;
 pub use header::HeaderKey;
 pub(crate) use ip::{parse_networks, peer};
 pub use ip::{ForwardedHeader, ForwardedIp, PeerIp};
@@ -168,6 +170,22 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request.
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError>;
 
+    /// The key a request of `caller` gets: what an operator passes to
+    /// `set_override`, `block`, `reset` and `peek` to reach that caller.
+    /// By default the key of [`Caller::parts`], the request head such a
+    /// caller sends; an extractor that reads what a head cannot carry (the
+    /// matched route) reads it from `caller`.
+    ///
+    /// ```
+    /// use tollgate::{key::Caller, HeaderKey, KeyExtractor, PeerIp};
+    /// let ip = Caller::new().ip("203.0.113.9".parse().unwrap());
+    /// assert_eq!(PeerIp::new().key_of(&ip).unwrap().as_str(), "ip:203.0.113.9");
+    /// assert!(HeaderKey::new("x-api-key").key_of(&ip).is_err(), "no key header");
+    /// ```
+    fn key_of(&self, caller: &Caller) -> Result<Key, KeyError> {
+        self.extract(caller.parts())
+    }
+
     /// Uses `fallback` when this extractor finds no key.
     fn or<B: KeyExtractor>(self, fallback: B) -> Or<Self, B>
     where
@@ -199,6 +217,10 @@ impl KeyExtractor for Arc<dyn KeyExtractor> {
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
         (**self).extract(parts)
     }
+
+    fn key_of(&self, caller: &Caller) -> Result<Key, KeyError> {
+        (**self).key_of(caller)
+    }
 }
 
 /// The first extractor's key, or the second's when the first has none.
@@ -214,6 +236,10 @@ pub struct Or<A, B>(A, B);
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
         self.0.extract(parts).or_else(|_| self.1.extract(parts))
+    }
+
+    fn key_of(&self, caller: &Caller) -> Result<Key, KeyError> {
+        self.0.key_of(caller).or_else(|_| self.1.key_of(caller))
     }
 }
 
@@ -231,6 +257,10 @@ pub struct And<A, B>(A, B);
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
         Ok(self.0.extract(parts)?.join(&self.1.extract(parts)?))
+    }
+
+    fn key_of(&self, caller: &Caller) -> Result<Key, KeyError> {
+        Ok(self.0.key_of(caller)?.join(&self.1.key_of(caller)?))
     }
 }
 

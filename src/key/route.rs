@@ -1,7 +1,7 @@
 use axum::extract::MatchedPath;
 use http::request::Parts;
 
-use super::{Key, KeyExtractor};
+use super::{Caller, Key, KeyExtractor};
 use crate::error::KeyError;
 
 /// Keys by the matched route template (`/users/{id}`), not the raw path, so
@@ -27,5 +27,12 @@ impl KeyExtractor for RouteKey {
             .get::<MatchedPath>()
             .ok_or(KeyError::Missing("matched route (use Router::route_layer)"))?;
         Ok(Key::new(path.as_str()))
+    }
+
+    fn key_of(&self, caller: &Caller) -> Result<Key, KeyError> {
+        let route = caller
+            .route_template()
+            .ok_or(KeyError::Missing("route (Caller::route)"))?;
+        Ok(Key::new(route))
     }
 }

@@ -130,6 +130,24 @@ impl RateLimitLayer {
         &self.limiter.config.policy
     }
 
+    /// The key a request of `caller` gets under this layer's extractor:
+    /// see [`Caller`](crate::key::Caller) and
+    /// [`RateLimiter::key_of`](crate::RateLimiter::key_of).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{key::Caller, Policy, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::new(
+    ///     Policy::fixed_window("core", Quota::per_hour(NonZeroU32::new(60).unwrap())),
+    ///     tollgate::MemoryStore::new(),
+    /// ).unwrap(); // keyed by the peer's address
+    /// let caller = Caller::new().ip("198.51.100.4".parse().unwrap());
+    /// assert_eq!(layer.key_of(&caller).unwrap().as_str(), "ip:198.51.100.4");
+    /// ```
+    pub fn key_of(&self, caller: &crate::key::Caller) -> Result<crate::Key, crate::KeyError> {
+        self.limiter.config.key.key_of(caller)
+    }
+
     /// How many requests the [local cache](RateLimitLayerBuilder::local_cache)
     /// answered without the store: the Redis calls it saved.
     pub fn local_cache_hits(&self) -> u64 {

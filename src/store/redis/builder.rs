@@ -211,7 +211,7 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tollgate::{store::Leases, RedisStore};
+    /// use tollgate::{Leases, RedisStore};
     /// let store = RedisStore::connect_builder("redis://127.0.0.1:6379/")
     ///     .await?
     ///     .leases(Leases::new())

@@ -52,7 +52,7 @@ use crate::strategy::lease::{self, Spending};
 ///
 /// ```
 /// use std::{num::NonZeroU32, time::Duration};
-/// use tollgate::store::Leases;
+/// use tollgate::Leases;
 ///
 /// let leases = Leases::new()
 ///     .hot_after(NonZeroU32::new(8).unwrap())
