@@ -252,7 +252,7 @@ impl RateLimiter {
     /// let tenant = Key::new("tenant-7");
     /// let estimate = limiter.check(&tenant, 10).await.unwrap();
     /// let settled = limiter.settle(&tenant, &estimate, 130).await.unwrap(); // it took 130
-    /// assert_eq!((settled.used, settled.remaining), (130, 0));
+    /// assert_eq!((settled.used, settled.remaining), (100, 0)); // Used shows at most the limit
     /// assert!(!limiter.check(&tenant, 1).await.unwrap().allowed);
     /// # }
     /// ```

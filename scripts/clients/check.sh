@@ -18,9 +18,12 @@ repo=$(cd "$here/../.." && pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
 export ZOO_LIMIT=${ZOO_LIMIT:-3}
 export ZOO_WINDOW_SECS=${ZOO_WINDOW_SECS:-3}
+# /penalty/tigerfeeding: 2 per window; 2 rejections within it block for 2 s.
+export ZOO_PENALTY_LIMIT=${ZOO_PENALTY_LIMIT:-2} ZOO_PENALTY_STRIKES=${ZOO_PENALTY_STRIKES:-2}
+export ZOO_PENALTY_WINDOW_SECS=$ZOO_WINDOW_SECS ZOO_PENALTY_BLOCK_SECS=${ZOO_PENALTY_BLOCK_SECS:-2}
 stores=${CHECK_STORES:-memory redis}
 # A client needs three windows for its burst, plus octokit's extra second or two per wait.
-client_timeout=$((4 * ZOO_WINDOW_SECS + 15))
+client_timeout=$((6 * ZOO_WINDOW_SECS + 15))
 
 if [ "$ZOO_WINDOW_SECS" -lt 2 ] || [ "$ZOO_LIMIT" -lt 1 ]; then
   echo "check.sh: needs ZOO_LIMIT >= 1 and ZOO_WINDOW_SECS >= 2" >&2

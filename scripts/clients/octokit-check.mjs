@@ -34,7 +34,7 @@ function check(ok, what) {
 
 // Fail rather than hang if the plugin never gets through: the burst needs
 // three windows plus octokit's extra second or two per wait.
-const deadline = (4 * WINDOW + 10) * 1000;
+const deadline = (6 * WINDOW + 10) * 1000;
 setTimeout(() => {
   console.error(`octokit-check: timed out after ${deadline / 1000} s`);
   process.exit(1);
@@ -108,7 +108,7 @@ const burst = wire.filter((w) => w.id?.startsWith("burst-"));
 const limited = burst.filter((w) => w.status === 429);
 check(limited.length >= n - LIMIT, `${limited.length} answers were 429 (at least ${n - LIMIT} expected)`);
 check(limited.every((w) => w.remaining === "0" && w.reset), "every 429 says x-ratelimit-remaining: 0 and a reset");
-check(hooks.secondary.length === 0, "no 429 was taken for a secondary limit");
+check(hooks.secondary.length === 0, "no ordinary 429 was taken for a secondary limit");
 check(hooks.rate.length === limited.length, `onRateLimit ran once per 429 (${hooks.rate.length})`);
 
 // Each retry must go out after the reset its 429 announced (the plugin
@@ -163,6 +163,51 @@ check(
 check(rate?.limit === LIMIT && rate?.used === 1 && rate?.remaining === LIMIT - 1, "/rate_limit counts the 200, not the 304");
 check(rate?.reset > nowSecs - 1 && rate?.reset <= nowSecs + WINDOW + 1, "/rate_limit reset is within this window");
 check(JSON.stringify(rl1.data.rate) === JSON.stringify(rate), "/rate_limit itself is not charged");
+
+// 4. A block by the penalty box (/penalty/tigerfeeding: PENALTY_LIMIT per
+// WINDOW, PENALTY_STRIKES rejections within it block for a while) is
+// GitHub's secondary rate limit: octokit waits its `retry-after`, which
+// names the moment a request passes (the block's end, or the window's when
+// later), and its retry is admitted.
+const PENALTY_LIMIT = Number(process.env.ZOO_PENALTY_LIMIT ?? 3);
+const STRIKES = Number(process.env.ZOO_PENALTY_STRIKES ?? 3);
+const blockKey = `octokit-block-${RUN}`;
+const raw = (id) =>
+  loggingFetch(`${BASE}/penalty/tigerfeeding`, { headers: { "x-api-key": blockKey, "x-check-id": id } });
+for (let i = 0; i < PENALTY_LIMIT + STRIKES; i++) await raw(`strike-${i}`);
+const started = wire.filter((w) => w.id?.startsWith("strike-")).at(-1);
+check(started?.status === 429, `the last of ${STRIKES} rejections started a block (${started?.status})`);
+const blockedOctokit = new ThrottledOctokit({
+  baseUrl: BASE,
+  request: { fetch: loggingFetch },
+  log: { debug() {}, info() {}, warn: console.warn, error: console.error },
+  throttle: {
+    onRateLimit(retryAfter, options) {
+      hooks.rate.push({ id: options.headers["x-check-id"], retryAfter, blocked: true });
+      return false;
+    },
+    onSecondaryRateLimit(retryAfter, options) {
+      hooks.secondary.push({ id: options.headers["x-check-id"], retryAfter, at: Date.now() });
+      return true;
+    },
+  },
+});
+const blockedRes = await blockedOctokit
+  .request("GET /penalty/tigerfeeding", { headers: { "x-api-key": blockKey, "x-check-id": "blocked" } })
+  .catch((err) => err);
+const sent = wire.filter((w) => w.id === "blocked");
+const [refused, retried] = sent;
+check(blockedRes.status === 200, `a blocked request got through after waiting: ${blockedRes.status}`);
+check(refused?.status === 429 && retried?.status === 200 && sent.length === 2, `one 429, then one retry: ${sent.map((w) => w.status)}`);
+check(hooks.secondary.length === 1 && hooks.rate.every((h) => !h.blocked), "octokit read the block as a secondary rate limit");
+if (refused && retried) {
+  const passAt = refused.sentAt + Number(refused.retryAfter) * 1000;
+  check(
+    retried.sentAt >= passAt - 1000 && Number(refused.reset) * 1000 >= passAt - 1000,
+    `retry-after ${refused.retryAfter} s, reset ${refused.reset}: the retry went out ${((retried.sentAt - refused.sentAt) / 1000).toFixed(1)} s later -> ${retried.status}`,
+  );
+  check(refused.remaining === "0", "the blocked 429 says x-ratelimit-remaining: 0");
+}
 
 if (failures.length) {
   console.error(`octokit-check: ${failures.length} failure(s)`);

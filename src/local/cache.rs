@@ -192,7 +192,8 @@ impl DecisionCache {
         let strategy = policy.strategy();
         let now = decision.now_micros;
         let (rejection, until, min_cost) = if decision.blocked {
-            // A block holds until it ends, whatever the strategy.
+            // A block holds until a request would pass (its reset),
+            // whatever the strategy.
             (decision.clone(), decision.reset_at_micros, 1)
         } else if policy.penalty_box().is_some() {
             // Rejections count as strikes where they are decided.
