@@ -45,16 +45,17 @@ trap 'kill $redis 2>/dev/null || true; wait 2>/dev/null || true' EXIT INT TERM
 for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
 
 # The text Redis runs of script $2 at commit $1 (the work tree's for
-# "worktree"), as examples/lua.rs prints it; a commit's own tree is exported
+# "worktree"), as examples/lua.rs prints it; a commit's tree is exported
 # once under $out and built in the same target directory. Commits from
 # before lua/SENT.md kept a copy of each script in lua/sent/.
 sent() {
-  local src=$out/src-$1
+  local src
   if [ "$1" = worktree ]; then
     cargo run -q --all-features --example lua -- --raw "$2"
-  elif git cat-file -e "$1:lua/sent/$2.lua" 2>/dev/null; then
+  elif git cat-file -e "$1:lua/sent" 2>/dev/null; then
     git show "$1:lua/sent/$2.lua"
   else
+    src=$out/src-$(git rev-parse --verify "$1^{commit}")
     if [ ! -d "$src" ]; then
       mkdir -p "$src"
       git archive "$1" | tar -x -C "$src"
