@@ -314,8 +314,8 @@ done
 # One Redis's capacity: EVALSHA of our script, at the same connection count.
 rb_p1=- rb_p1_cpu=- rb_p16=- rb_p16_cpu=- rtt_ms=0
 if [[ " $stores " == *" redis "* ]]; then
-# The script exactly as the store sends it (lua/sent/, checked by tests/scripts.rs).
-sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cat lua/sent/fixed_window.lua)")
+# The script exactly as the store sends it (examples/lua.rs prints it).
+sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cargo run -q --release --all-features --example lua -- --raw fixed_window)")
 evalsha() { # PIPELINE: prints "EVALSHA/s EVALSHA-per-Redis-CPU-second"
   local before after rate n=300000
   before=$(ticks "$redis_pid")

@@ -3,26 +3,27 @@
 # callgrind in redis-server: deterministic, so two commits compare in one
 # sitting however busy the machine is.
 #
-#   scripts/script_cost.sh                 # the scripts in lua/sent/
-#   scripts/script_cost.sh dbd40f5 HEAD    # each commit's lua/sent/, side by side
+#   scripts/script_cost.sh                 # the work tree's scripts
+#   scripts/script_cost.sh dbd40f5 HEAD    # each commit's scripts, side by side
 #   CS_CALLER=override scripts/script_cost.sh   # an overridable policy's scripts
 #                                               # (lua/caller.lua), a caller without an override
 #   CS_CALLER=overridden ...                    # the same, the caller with one
 #   CS_CALLER=penalty ...                       # a penalty box, the caller never struck
 #   CS_STRATEGIES="fixed_window gcra" ...       # only these
 #
-# For every strategy: a lone decision (EVALSHA of lua/sent/<strategy>.lua),
-# its peek (the no-writes twin, unflagged so any server runs it), and a
-# batch of ten decisions of one caller (lua/sent/<strategy>_batch.lua, the
-# flood the batcher sends), per decision. Each is sent CS_CALLS (5,000)
-# times by redis-benchmark from one connection, after a warm-up, to a
-# private redis-server under valgrind on a free port; the figure is the
-# server's instructions divided by the decisions. Quotas are wide, so every
-# decision passes and writes, as most do. Compare commits, not absolute
-# costs: the zoo's traffic (scripts/callgrind.sh CG_PROCESS=redis) mixes
-# passes, rejections and batch sizes. Then, for the strategies that lease
-# (docs/leases.md), a decision that takes a lease of 1,000 units
-# (lua/sent/<strategy>_lease.lua; "-" at a commit without it).
+# The scripts go exactly as the store sends them (examples/lua.rs prints
+# them; lua/SENT.md lists them). For every strategy: a lone decision
+# (EVALSHA of <strategy>), its peek (the no-writes twin, unflagged so any
+# server runs it), and a batch of ten decisions of one caller
+# (<strategy>_batch, the flood the batcher sends), per decision. Each is
+# sent CS_CALLS (5,000) times by redis-benchmark from one connection, after
+# a warm-up, to a private redis-server under valgrind on a free port; the
+# figure is the server's instructions divided by the decisions. Quotas are
+# wide, so every decision passes and writes, as most do. Compare commits,
+# not absolute costs: the zoo's traffic (scripts/callgrind.sh
+# CG_PROCESS=redis) mixes passes, rejections and batch sizes. Then, for the
+# strategies that lease (docs/leases.md), a decision that takes a lease of
+# 1,000 units (<strategy>_lease; "-" at a commit without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,9 +44,25 @@ redis=$!
 trap 'kill $redis 2>/dev/null || true; wait 2>/dev/null || true' EXIT INT TERM
 for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
 
-# The text of lua/sent/$2 at commit $1 (the work tree's for "worktree").
+# The text Redis runs of script $2 at commit $1 (the work tree's for
+# "worktree"), as examples/lua.rs prints it; a commit's tree is exported
+# once under $out and built in the same target directory. Commits from
+# before lua/SENT.md kept a copy of each script in lua/sent/.
 sent() {
-  if [ "$1" = worktree ]; then cat "lua/sent/$2"; else git show "$1:lua/sent/$2"; fi
+  local src
+  if [ "$1" = worktree ]; then
+    cargo run -q --all-features --example lua -- --raw "$2"
+  elif git cat-file -e "$1:lua/sent" 2>/dev/null; then
+    git show "$1:lua/sent/$2.lua"
+  else
+    src=$out/src-$(git rev-parse --verify "$1^{commit}")
+    if [ ! -d "$src" ]; then
+      mkdir -p "$src"
+      git archive "$1" | tar -x -C "$src"
+    fi
+    CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target} \
+      cargo run -q --all-features --manifest-path "$src/Cargo.toml" --example lua -- --raw "$2"
+  fi
 }
 
 # Instructions per decision of `redis-benchmark ARGS...`, DECISIONS per call.
@@ -120,9 +137,9 @@ for s in $strategies; do
     nk=${#keys[@]}
   fi
   for rev in "${revs[@]}"; do
-    lone=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "$name.lua")")
-    peek=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${name}_peek.noflags.lua")")
-    batch=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${name}_batch.lua")")
+    lone=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "$name")")
+    peek=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${name}_peek.noflags")")
+    batch=$(redis-cli -p "$port" SCRIPT LOAD "$(sent "$rev" "${name}_batch")")
     redis-cli -p "$port" FLUSHALL >/dev/null
     if [ "$caller" = overridden ]; then
       # The strategy's own quota arguments again: the same decisions, read
@@ -148,7 +165,7 @@ for s in fixed_window aligned_window gcra; do
   printf '%-16s' "$s"
   read -ra args <<<"${ARGS[$s]}"
   for rev in "${revs[@]}"; do
-    if source=$(sent "$rev" "${s}_lease.lua" 2>/dev/null); then
+    if source=$(sent "$rev" "${s}_lease" 2>/dev/null); then
       sha=$(redis-cli -p "$port" SCRIPT LOAD "$source")
       redis-cli -p "$port" FLUSHALL >/dev/null
       printf '%12s' "$(measure 1 EVALSHA "$sha" 1 "cost:{$s}:1" "${args[@]}" 1000)"

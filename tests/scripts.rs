@@ -1,41 +1,53 @@
-//! What Redis runs is visible: `lua/sent/` holds every script exactly as the
-//! store sends it, and a Redis error from inside one names it and a line of
-//! that text.
+//! What Redis runs stays reviewable: `lua/SENT.md` lists every script the
+//! store sends with its SHA1 and line count, `examples/lua.rs` prints any
+//! one of them numbered, and a Redis error from inside one names it and a
+//! line of that text.
 
+#[path = "../examples/support/manifest.rs"]
+mod manifest;
 mod support;
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU32;
-use std::path::Path;
 
 use support::redis::{unique_prefix, RedisServer};
 use tollgate::{Key, Policy, Quota, RedisStore, Store};
 
-const SENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/lua/sent");
-const REFRESH: &str =
-    "run `cargo run --all-features --example lua -- lua/sent` and commit lua/sent";
-
 #[test]
-fn lua_sent_holds_every_script_exactly_as_sent() {
+fn lua_sent_md_lists_every_script_exactly_as_sent() {
     let scripts = RedisStore::scripts();
     let names: BTreeSet<&str> = scripts.iter().map(|(name, _)| *name).collect();
     assert_eq!(names.len(), scripts.len(), "script names are unique");
-    for (name, text) in &scripts {
-        let path = Path::new(SENT).join(format!("{name}.lua"));
-        let kept = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; {REFRESH}", path.display()));
-        assert!(
-            kept == *text,
-            "{} differs from what is sent; {REFRESH}",
-            path.display()
-        );
-    }
-    let files: BTreeSet<String> = std::fs::read_dir(SENT)
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+    let refresh = format!("run `{}` and commit lua/SENT.md", manifest::REFRESH);
+    let kept = std::fs::read_to_string(manifest::PATH)
+        .unwrap_or_else(|e| panic!("{}: {e}; {refresh}", manifest::PATH));
+    let now = manifest::render(&scripts);
+    // The rows that differ, so a failure says which scripts changed.
+    let gone: Vec<&str> = kept
+        .lines()
+        .filter(|l| !now.lines().any(|n| n == *l))
         .collect();
-    let expected: BTreeSet<String> = names.iter().map(|n| format!("{n}.lua")).collect();
-    assert_eq!(files, expected, "no stale file in lua/sent; {REFRESH}");
+    let new: Vec<&str> = now
+        .lines()
+        .filter(|l| !kept.lines().any(|k| k == *l))
+        .collect();
+    assert!(
+        kept == now,
+        "lua/SENT.md is stale (no longer sent: {gone:#?}; sent, not listed: {new:#?}); {refresh}"
+    );
+}
+
+#[test]
+fn no_lua_source_contains_another_so_each_row_names_its_sources() {
+    let sources = manifest::sources();
+    for (outer, outer_text) in &sources {
+        for (inner, inner_text) in &sources {
+            assert!(
+                outer == inner || !outer_text.contains(inner_text.as_str()),
+                "lua/{outer}.lua contains lua/{inner}.lua: lua/SENT.md would name both"
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -58,20 +70,37 @@ async fn a_script_error_names_the_script_and_a_line_of_its_sent_text() {
         .unwrap();
     let err = store.check(&policy, &Key::new("bob"), 1).await.unwrap_err();
     let message = err.to_string();
+    assert!(message.contains("script fixed_window (line "), "{message}");
     assert!(
-        message.contains("script fixed_window (lua/sent/fixed_window.lua, line "),
+        message.contains("`cargo run --all-features --example lua -- fixed_window` prints it"),
         "{message}"
     );
     let line: usize = message
         .split("line ")
         .nth(1)
-        .and_then(|rest| rest.split(')').next())
+        .and_then(|rest| rest.split(';').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no line in {message}"));
-    let sent = std::fs::read_to_string(Path::new(SENT).join("fixed_window.lua")).unwrap();
+    // The text that command prints, numbered.
+    let scripts = RedisStore::scripts();
+    let (_, sent) = scripts
+        .iter()
+        .find(|(name, _)| *name == "fixed_window")
+        .unwrap();
     let failing = sent.lines().nth(line - 1).unwrap_or_default();
     assert!(
         failing.contains("redis.call('HMGET'"),
-        "line {line} of lua/sent/fixed_window.lua is {failing:?}, not the HMGET that failed"
+        "line {line} of fixed_window as sent is {failing:?}, not the HMGET that failed"
+    );
+    // lua/SENT.md's SHA1 is the one the store ran it by.
+    let loaded: Vec<i64> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(manifest::sha(sent))
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(
+        loaded,
+        [1],
+        "fixed_window ran by another SHA1 than lua/SENT.md's"
     );
 }

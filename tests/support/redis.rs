@@ -1257,8 +1257,8 @@ pub fn commands_run_by_scripts() -> &'static std::collections::BTreeSet<String> 
         let mut commands = std::collections::BTreeSet::new();
         for entry in fs::read_dir(&dir).expect("lua/ is readable") {
             let path = entry.unwrap().path();
-            // The sources only: lua/sent/ holds the same calls, assembled.
-            if !path.is_file() {
+            // The Lua sources only, not lua/SENT.md.
+            if path.extension().is_none_or(|ext| ext != "lua") {
                 continue;
             }
             let source = fs::read_to_string(path).unwrap();

@@ -187,8 +187,9 @@ impl RedisStore {
     /// error from inside one names it and a line of this text. The work
     /// queues send their `lua/` files as they are.
     ///
-    /// `cargo run --all-features --example lua -- lua/sent` writes them out; the repository
-    /// keeps that copy, and a test fails when it differs from what is sent.
+    /// `cargo run --all-features --example lua -- NAME` prints one, its
+    /// lines numbered; the repository keeps `lua/SENT.md`, a row per script
+    /// with its SHA1 and line count, and a test fails when it is stale.
     ///
     /// ```
     /// let scripts = tollgate::RedisStore::scripts();

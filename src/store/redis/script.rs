@@ -9,8 +9,8 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, ToRedisArg
 use crate::error::{StoreError, StoreErrorKind};
 
 /// A Redis error from inside a script, naming the script and the line of
-/// its text that failed: the text under `lua/sent/`, which is exactly what
-/// Redis runs (`cargo run --all-features --example lua` writes it out).
+/// its text that failed, and the command that prints that text, numbered,
+/// exactly as Redis runs it.
 #[derive(Debug)]
 pub(crate) struct ScriptError {
     script: &'static str,
@@ -20,11 +20,15 @@ pub(crate) struct ScriptError {
 
 impl fmt::Display for ScriptError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "script {} (lua/sent/{}.lua", self.script, self.script)?;
+        write!(f, "script {} (", self.script)?;
         if let Some(line) = self.line {
-            write!(f, ", line {line}")?;
+            write!(f, "line {line}; ")?;
         }
-        write!(f, "): {}", self.source)
+        write!(
+            f,
+            "`cargo run --all-features --example lua -- {}` prints it): {}",
+            self.script, self.source
+        )
     }
 }
 
@@ -120,7 +124,7 @@ impl LuaScript {
     }
 
     /// The script's name, unique among the scripts: what an error names,
-    /// and its file's name under `lua/sent/`.
+    /// its row in `lua/SENT.md`, and what `examples/lua.rs` prints it by.
     pub(crate) fn name(&self) -> &'static str {
         self.name
     }
