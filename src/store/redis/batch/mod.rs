@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::reply::Ints;
+use super::reply::{lone_answer, Ints};
 use super::script::Args;
 use super::script::{LuaScript, SCRIPTS};
 use crate::error::StoreError;
@@ -38,7 +38,7 @@ mod wire;
 pub(crate) use held::eval_holding;
 use held::{spawn_holding, Answered, Held};
 pub(crate) use wire::with_until;
-use wire::{deliver, lone_answer, send_one_script};
+use wire::{deliver, send_one_script};
 
 /// Calls on their way to one server before decisions queue, by default:
 /// enough that a lone decision rarely waits, few enough that a crowd forms
