@@ -435,7 +435,7 @@ mod tests {
     use std::task::{Context, Poll, Waker};
 
     use super::*;
-    use crate::store::redis::connection::PooledConnection;
+    use crate::store::redis::connection::pool::PooledConnection;
 
     /// A batcher whose connection is never reached: a pool of a port
     /// nothing listens on, which connects only when a call is sent.
