@@ -16,7 +16,7 @@ use redis::cluster_async::ClusterConnection;
 
 use super::batchers::Batchers;
 #[cfg(feature = "cluster")]
-use super::connection::cluster::DEFAULT_RETRIES;
+use super::connection::cluster::{Cluster, DEFAULT_RETRIES};
 #[cfg(feature = "deadpool")]
 use super::connection::pool::PooledConnection;
 use super::connection::{tcp, Connection};
@@ -379,11 +379,11 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(Connection::Cluster(
+        RedisStoreBuilder::new(Connection::Cluster(Cluster {
             conn,
-            DEFAULT_RETRIES,
+            retries: DEFAULT_RETRIES,
             // Its read routing is the caller's: assume it may use replicas.
-            true,
-        ))
+            read_from_replicas: true,
+        }))
     }
 }

@@ -9,7 +9,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_read_routing::RoundRobinReplicaStrategy;
 
 use super::builder::RedisStoreBuilder;
-use super::connection::cluster::{Retries, DEFAULT_RETRIES};
+use super::connection::cluster::{Cluster, Retries, DEFAULT_RETRIES};
 use super::connection::tcp::tcp_settings;
 use super::connection::Connection;
 use super::RedisStore;
@@ -121,14 +121,14 @@ impl ClusterConfig {
             builder = builder.read_routing_strategy(RoundRobinReplicaStrategy::new());
         }
         let conn = builder.build()?.get_async_connection().await?;
-        RedisStoreBuilder::new(Connection::Cluster(
+        RedisStoreBuilder::new(Connection::Cluster(Cluster {
             conn,
-            Retries {
+            retries: Retries {
                 redirections: self.retries,
                 patience: self.response_timeout,
             },
-            self.read_from_replicas,
-        ))
+            read_from_replicas: self.read_from_replicas,
+        }))
         .check_server()
         .await
     }

@@ -29,6 +29,90 @@ pub(crate) struct Retries {
     pub(crate) patience: Duration,
 }
 
+/// Redis Cluster as the store reaches it: redis-rs's connection, which
+/// routes each script by its keys' hash slot; how hard one call tries; and
+/// whether read-only calls may go to replicas.
+#[derive(Clone)]
+pub(crate) struct Cluster {
+    pub(crate) conn: ClusterConnection,
+    pub(crate) retries: Retries,
+    pub(crate) read_from_replicas: bool,
+}
+
+impl Cluster {
+    /// Runs `script` on the node that owns `keys`, following redirections,
+    /// answering `NOSCRIPT` with `EVAL`, and retrying as [`Retries`] says.
+    pub(crate) async fn eval<A: ToRedisArgs>(
+        &self,
+        script: &LuaScript,
+        keys: &[String],
+        args: &[A],
+        read_only: bool,
+    ) -> RedisResult<Value> {
+        let conn = &mut self.conn.clone();
+        let retries = self.retries;
+        let mut target = Target::Keys;
+        let mut with_source = false;
+        let mut attempt = 0;
+        let mut waited_for_migration = 0;
+        let started = Instant::now();
+        loop {
+            let cmd = if with_source {
+                script.eval_cmd(keys, args, read_only)
+            } else {
+                script.evalsha_cmd(keys, args, read_only)
+            };
+            let err = match send(conn, cmd, &target).await {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
+            if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !with_source {
+                tracing::debug!(
+                    script = script.name,
+                    "NOSCRIPT on a cluster node: sending the source"
+                );
+                crate::metrics::script_reload(script.name);
+                with_source = true;
+                continue;
+            }
+            if err.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
+                && started.elapsed() < retries.patience
+            {
+                // Again where it was sent: the keys' owner, or the `ASK` target
+                // still importing the rest of them.
+                waited_for_migration += 1;
+                tokio::time::sleep(Duration::from_millis(
+                    10 << waited_for_migration.min(3) >> 1,
+                ))
+                .await;
+                continue;
+            }
+            if attempt >= retries.redirections {
+                return Err(err);
+            }
+            attempt += 1;
+            let redirect = err
+                .redirect_node()
+                .and_then(|(addr, _slot)| addr.rsplit_once(':'))
+                .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)));
+            match (err.kind(), redirect) {
+                (ErrorKind::Server(ServerErrorKind::Ask), Some((host, port))) => {
+                    target = Target::Ask(host, port);
+                }
+                (ErrorKind::Server(ServerErrorKind::Moved), Some((host, port))) => {
+                    target = Target::Moved(host, port);
+                }
+                _ if is_transient(&err) => {
+                    target = Target::Keys;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                _ => return Err(err),
+            }
+            tracing::debug!(script = script.name, attempt, error = %err, "retrying on the cluster");
+        }
+    }
+}
+
 /// Where the next attempt goes.
 enum Target {
     /// Wherever redis-rs's slot map sends the keys.
@@ -37,77 +121,6 @@ enum Target {
     Moved(String, u16),
     /// A node that answered `ASK` names: `ASKING` first, in one pipeline.
     Ask(String, u16),
-}
-
-/// Runs `script` on the node that owns `keys`, following redirections,
-/// answering `NOSCRIPT` with `EVAL`, and retrying up to `retries` times.
-pub(crate) async fn eval<A: ToRedisArgs>(
-    conn: &mut ClusterConnection,
-    retries: Retries,
-    script: &LuaScript,
-    keys: &[String],
-    args: &[A],
-    read_only: bool,
-) -> RedisResult<Value> {
-    let mut target = Target::Keys;
-    let mut with_source = false;
-    let mut attempt = 0;
-    let mut waited_for_migration = 0;
-    let started = Instant::now();
-    loop {
-        let cmd = if with_source {
-            script.eval_cmd(keys, args, read_only)
-        } else {
-            script.evalsha_cmd(keys, args, read_only)
-        };
-        let err = match send(conn, cmd, &target).await {
-            Ok(value) => return Ok(value),
-            Err(err) => err,
-        };
-        if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !with_source {
-            tracing::debug!(
-                script = script.name,
-                "NOSCRIPT on a cluster node: sending the source"
-            );
-            crate::metrics::script_reload(script.name);
-            with_source = true;
-            continue;
-        }
-        if err.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
-            && started.elapsed() < retries.patience
-        {
-            // Again where it was sent: the keys' owner, or the `ASK` target
-            // still importing the rest of them.
-            waited_for_migration += 1;
-            tokio::time::sleep(Duration::from_millis(
-                10 << waited_for_migration.min(3) >> 1,
-            ))
-            .await;
-            continue;
-        }
-        if attempt >= retries.redirections {
-            return Err(err);
-        }
-        attempt += 1;
-        let redirect = err
-            .redirect_node()
-            .and_then(|(addr, _slot)| addr.rsplit_once(':'))
-            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)));
-        match (err.kind(), redirect) {
-            (ErrorKind::Server(ServerErrorKind::Ask), Some((host, port))) => {
-                target = Target::Ask(host, port);
-            }
-            (ErrorKind::Server(ServerErrorKind::Moved), Some((host, port))) => {
-                target = Target::Moved(host, port);
-            }
-            _ if is_transient(&err) => {
-                target = Target::Keys;
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            _ => return Err(err),
-        }
-        tracing::debug!(script = script.name, attempt, error = %err, "retrying on the cluster");
-    }
 }
 
 async fn send(conn: &mut ClusterConnection, cmd: Cmd, target: &Target) -> RedisResult<Value> {

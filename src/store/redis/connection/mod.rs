@@ -16,10 +16,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
-#[cfg(feature = "cluster")]
-use redis::cluster_async::ClusterConnection;
 use redis::{RedisResult, ToRedisArgs, Value};
 
+#[cfg(feature = "cluster")]
+use self::cluster::Cluster;
 #[cfg(feature = "deadpool")]
 use self::pool::PooledConnection;
 #[cfg(feature = "sentinel")]
@@ -37,10 +37,9 @@ pub(crate) enum Connection {
     /// A deadpool-redis pool, used without a checkout per decision.
     #[cfg(feature = "deadpool")]
     Pool(Arc<PooledConnection>),
-    /// Redis Cluster: routes each script by its keys' hash slot, with this
-    /// many retries; whether read-only calls may go to replicas.
+    /// Redis Cluster: each script routed by its keys' hash slot.
     #[cfg(feature = "cluster")]
-    Cluster(ClusterConnection, cluster::Retries, bool),
+    Cluster(Cluster),
     /// Independent primaries (and replicas), picked by the keys' hash tag.
     Sharded(Arc<Shards>),
     /// The primary Redis Sentinel names, rediscovered after a failover.
@@ -56,7 +55,7 @@ impl fmt::Debug for Connection {
             #[cfg(feature = "deadpool")]
             Connection::Pool(_) => "Connection::Pool",
             #[cfg(feature = "cluster")]
-            Connection::Cluster(..) => "Connection::Cluster",
+            Connection::Cluster(_) => "Connection::Cluster",
             Connection::Sharded(_) => "Connection::Sharded",
             #[cfg(feature = "sentinel")]
             Connection::Sentinel(_) => "Connection::Sentinel",
@@ -72,7 +71,7 @@ impl Connection {
             #[cfg(feature = "deadpool")]
             Connection::Pool(_) => false,
             #[cfg(feature = "cluster")]
-            Connection::Cluster(_, _, replicas) => *replicas,
+            Connection::Cluster(c) => c.read_from_replicas,
             Connection::Sharded(s) => s.reads_from_replicas(),
             #[cfg(feature = "sentinel")]
             Connection::Sentinel(s) => s.reads_from_replicas(),
@@ -94,17 +93,7 @@ impl Connection {
             // future is, every call's future would otherwise carry and move
             // it, whatever the connection.
             #[cfg(feature = "cluster")]
-            Connection::Cluster(c, retries, _) => {
-                Box::pin(cluster::eval(
-                    &mut c.clone(),
-                    *retries,
-                    script,
-                    keys,
-                    args,
-                    read_only,
-                ))
-                .await
-            }
+            Connection::Cluster(c) => Box::pin(c.eval(script, keys, args, read_only)).await,
             #[cfg(feature = "deadpool")]
             Connection::Pool(p) => p.eval(script, keys, args, read_only).await,
             Connection::Sharded(s) => s.eval(script, keys, args, read_only).await,
