@@ -44,7 +44,7 @@ impl Batchers {
         match conn {
             _ if !on => Batchers::Off,
             #[cfg(feature = "cluster")]
-            Connection::Cluster(..) => Batchers::PerKeys(
+            Connection::Cluster(_) => Batchers::PerKeys(
                 conn.clone(),
                 RandomState::default(),
                 (0..CELLS).map(|_| OnceLock::new()).collect(),

@@ -1,5 +1,7 @@
-//! How a [`RedisStore`] is made: its constructors (`connect`, `from_*`,
-//! `cluster`, `sharded`, `sentinel`) and the builder they return.
+//! How a [`RedisStore`] is made: the builder every constructor returns, and
+//! the constructors on one server or on a connection you pass (`connect`,
+//! `from_*`). Each topology's own (`cluster`, `sharded`, `sentinel`) is in
+//! its file, with its options.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::AtomicI64;
@@ -13,15 +15,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnecti
 use redis::cluster_async::ClusterConnection;
 
 use super::batchers::Batchers;
-use super::connection::Connection;
-#[cfg(feature = "deadpool")]
-use super::connection::PooledConnection;
-use super::server::{Scripting, ServerVersion};
 #[cfg(feature = "cluster")]
-use super::ClusterConfig;
-#[cfg(feature = "sentinel")]
-use super::SentinelConfig;
-use super::{ClockOffset, Inner, RedisStore, Shard, ShardedConfig};
+use super::connection::cluster::{Cluster, DEFAULT_RETRIES};
+#[cfg(feature = "deadpool")]
+use super::connection::pool::PooledConnection;
+use super::connection::{tcp, Connection};
+use super::server::{Scripting, ServerVersion};
+use super::{ClockOffset, Inner, RedisStore};
 use crate::clock::Clock;
 use crate::error::{ConfigError, StoreError};
 use crate::store::KeySpace;
@@ -113,7 +113,9 @@ impl RedisStoreBuilder {
     /// Under a flood most requests are rejections. With a pre-check they are
     /// decided by a read-only run of the same script, with the same cost, on
     /// a replica (`EVALSHA_RO`, see `read_from_replicas` on
-    /// [`ClusterConfig`], [`ShardedConfig`] and [`SentinelConfig`]), so the
+    /// [`ClusterConfig`](super::ClusterConfig),
+    /// [`ShardedConfig`](super::ShardedConfig) and
+    /// [`SentinelConfig`](super::SentinelConfig)), so the
     /// primaries only see requests that will probably pass. A rejection's
     /// headers come from that one reply. A request the replica admits is then
     /// charged, and decided, by the primary as usual: the primary alone ever
@@ -291,7 +293,7 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn connect_builder(url: &str) -> Result<RedisStoreBuilder, StoreError> {
-        let client = super::connection::client(url)?;
+        let client = tcp::client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(None)
@@ -364,7 +366,7 @@ impl RedisStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     /// Over a Redis Cluster connection: each decision's keys share a hash tag,
     /// so a script always runs on the one node that owns them, and the store
-    /// follows redirections itself (see [`ClusterConfig`]). Prefer
+    /// follows redirections itself (see [`ClusterConfig`](super::ClusterConfig)). Prefer
     /// [`RedisStore::cluster`]: it also turns off redis-rs's own retries,
     /// which wait 1.28 s or more between attempts by default and can lose
     /// `ASKING` to a concurrent request during a slot migration.
@@ -377,68 +379,11 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn from_cluster(conn: ClusterConnection) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(Connection::Cluster(
+        RedisStoreBuilder::new(Connection::Cluster(Cluster {
             conn,
-            super::cluster::DEFAULT_RETRIES,
+            retries: DEFAULT_RETRIES,
             // Its read routing is the caller's: assume it may use replicas.
-            true,
-        ))
-    }
-
-    #[cfg(feature = "cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-    /// Redis Cluster, reached through any of the seed `nodes`; see
-    /// [`ClusterConfig`] for what it follows and retries.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = tollgate::RedisStore::cluster(["redis://127.0.0.1:7000/"])
-    ///     .connect()
-    ///     .await?
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn cluster(nodes: impl IntoIterator<Item = impl Into<String>>) -> ClusterConfig {
-        ClusterConfig::new(nodes)
-    }
-
-    /// Several independent primaries (each optionally with replicas), keys
-    /// spread by rendezvous hashing of their hash tag; see [`ShardedConfig`].
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tollgate::RedisStore;
-    /// use tollgate::store::Shard;
-    /// let store = RedisStore::sharded([
-    ///     Shard::new("a", "redis://127.0.0.1:7000/"),
-    ///     Shard::new("b", "redis://127.0.0.1:7001/"),
-    /// ])
-    /// .connect()
-    /// .await?
-    /// .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn sharded(shards: impl IntoIterator<Item = Shard>) -> ShardedConfig {
-        ShardedConfig::new(shards)
-    }
-
-    #[cfg(feature = "sentinel")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
-    /// The primary that the Redis Sentinels at `sentinels` monitor as
-    /// `master_name`, followed through failovers; see [`SentinelConfig`].
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = tollgate::RedisStore::sentinel(["redis://127.0.0.1:26379/"], "mymaster")
-    ///     .connect()
-    ///     .await?
-    ///     .build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn sentinel(
-        sentinels: impl IntoIterator<Item = impl Into<String>>,
-        master_name: impl Into<String>,
-    ) -> SentinelConfig {
-        SentinelConfig::new(sentinels, master_name)
+            read_from_replicas: true,
+        }))
     }
 }

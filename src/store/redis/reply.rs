@@ -1,9 +1,10 @@
 //! Turning script replies (integer arrays, or integers packed in a string,
 //! alone or a batch's) into decisions.
 
-use redis::Value;
+use redis::{RedisResult, Value};
 use smallvec::SmallVec;
 
+use super::script::LuaScript;
 use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
 
@@ -35,6 +36,17 @@ pub(crate) fn integers(value: Value) -> Result<Ints, StoreError> {
             "expected an array, got {other:?}"
         ))),
     }
+}
+
+/// A lone call's reply (one decision's script, not a batch): its integers,
+/// or the error it met, named after the script. Every route a decision can
+/// go out alone by (a free slot, a task of its own, batching off, a batch
+/// of one) reads its reply here.
+pub(crate) fn lone_answer(
+    script: &LuaScript,
+    reply: RedisResult<Value>,
+) -> Result<Ints, StoreError> {
+    reply.map_err(|err| script.error(err)).and_then(integers)
 }
 
 /// One decision's reply at the start of a batch's reply (see

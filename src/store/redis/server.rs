@@ -150,8 +150,9 @@ impl Connection {
             #[cfg(feature = "deadpool")]
             Connection::Pool(p) => cmd.query_async(&mut p.connection().await?).await?,
             #[cfg(feature = "cluster")]
-            Connection::Cluster(c, ..) => {
-                let reply = c
+            Connection::Cluster(cluster) => {
+                let reply = cluster
+                    .conn
                     .clone()
                     .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
                     .await?

@@ -5,11 +5,11 @@
 
 use tokio::sync::oneshot;
 
-use super::wire::lone_answer;
 use super::{unsent, Answer, Shared, Slot};
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
 use crate::store::redis::connection::Connection;
+use crate::store::redis::reply::lone_answer;
 use crate::store::redis::script::Args;
 use crate::store::redis::script::{LuaScript, SCRIPTS};
 

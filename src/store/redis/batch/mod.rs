@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use super::connection::Connection;
-use super::reply::Ints;
+use super::reply::{lone_answer, Ints};
 use super::script::Args;
 use super::script::{LuaScript, SCRIPTS};
 use crate::error::StoreError;
@@ -38,7 +38,7 @@ mod wire;
 pub(crate) use held::eval_holding;
 use held::{spawn_holding, Answered, Held};
 pub(crate) use wire::with_until;
-use wire::{deliver, lone_answer, send_one_script};
+use wire::{deliver, send_one_script};
 
 /// Calls on their way to one server before decisions queue, by default:
 /// enough that a lone decision rarely waits, few enough that a crowd forms
@@ -435,7 +435,7 @@ mod tests {
     use std::task::{Context, Poll, Waker};
 
     use super::*;
-    use crate::store::redis::connection::PooledConnection;
+    use crate::store::redis::connection::pool::PooledConnection;
 
     /// A batcher whose connection is never reached: a pool of a port
     /// nothing listens on, which connects only when a call is sent.

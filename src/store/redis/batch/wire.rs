@@ -9,7 +9,7 @@ use super::held::{unheard_pass, Unheard};
 use super::{Answer, Job};
 use crate::error::StoreError;
 use crate::store::redis::connection::Connection;
-use crate::store::redis::reply;
+use crate::store::redis::reply::{self, lone_answer};
 use crate::store::redis::script::{LuaScript, SCRIPTS};
 
 /// Sends `jobs`, calls of `script` or of scripts that batch with it, and
@@ -106,16 +106,6 @@ pub(super) async fn send_one_script(
         }
     }
     unheard
-}
-
-/// A lone call's reply (one decision's script, not a batch): its integers,
-/// or the error it met, named after the script. Every route a decision can
-/// go out alone by (a free slot, a task of its own, batching off, a batch
-/// of one) reads its reply here.
-pub(super) fn lone_answer(script: &LuaScript, reply: redis::RedisResult<Value>) -> Answer {
-    reply
-        .map_err(|err| script.error(err))
-        .and_then(reply::integers)
 }
 
 /// Hands a job its answer. A give-back whose caller is not listening (it

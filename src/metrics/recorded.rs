@@ -1,52 +1,8 @@
-//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature
-//! `metrics`): what the limiter decided, how the store is doing, and how fast.
-//!
-//! tollgate only emits; your application installs a recorder, e.g.
-//! `metrics-exporter-prometheus`, and serves its rendering at `/metrics`
-//! (see [`describe`] for the setup and `examples/metrics.rs` for an axum app).
-//! Without a recorder every emission is a no-op. Install the recorder before
-//! the first request: each layer looks its metric handles up once, on first
-//! use, and keeps them.
-//!
-//! | metric | type | labels | what |
-//! |---|---|---|---|
-//! | [`tollgate_decisions_total`](DECISIONS) | counter | `policy`, `outcome` | one per request, by what happened to it |
-//! | [`tollgate_store_errors_total`](STORE_ERRORS) | counter | `policy`, `kind` | store calls (checks and refunds) that failed or missed the deadline; `kind` is `timeout`, `unavailable`, `protocol` or `rejected` |
-//! | [`tollgate_store_latency_seconds`](STORE_LATENCY) | histogram | `policy` | time waited on a main store that is awaited (Redis, or a store of yours without [`check_now`](crate::Store::check_now)) per decision, failures and timeouts included; an in-process store (the memory store) answers without waiting and is not timed |
-//! | [`tollgate_local_cache_hits_total`](LOCAL_CACHE_HITS) | counter | `policy` | decisions answered from the in-process cache without a store call |
-//! | [`tollgate_active_callers`](ACTIVE_CALLERS) | gauge | `policy` | a [`Throttle`](crate::throttle::Throttle)'s estimate of distinct callers in its window, set every round for each policy it gates |
-//! | [`tollgate_script_reloads_total`](SCRIPT_RELOADS) | counter | `script` | Redis answered `NOSCRIPT` (first use, `SCRIPT FLUSH`, a restart or failover) and the script was sent again |
-//! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
-//! | [`tollgate_leases_total`](LEASES) | counter | `policy` | leases a Redis store with [leases](crate::store::Leases) took for hot callers |
-//! | [`tollgate_leased_units_total`](LEASED_UNITS) | counter | `policy` | units those leases charged in Redis beyond the requests that asked |
-//! | [`tollgate_lease_units_returned_total`](LEASE_UNITS_RETURNED) | counter | `policy` | unspent lease units given back to Redis when their lease ended |
-//! | [`tollgate_settled_units_total`](SETTLED_UNITS) | counter | `policy`, `direction` | units a response's actual cost ([`ActualCost`](crate::ActualCost)) charged beyond the estimate (`charged`) or gave back (`given_back`, refunded `304`s included), counted when the store took them |
-//! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
-//! | [`tollgate_blocks_total`](BLOCKS) | counter | `policy`, `by` | blocks a [penalty box](crate::PenaltyBox) started, `by` the caller's `strikes` or an `operator` |
-//!
-//! Store failures are logged by state, not by call: a warning when the
-//! store starts failing, an info line when it answers again; the counters
-//! above count every call in between. `NOSCRIPT` reloads and replica
-//! fallbacks are debug events.
-//!
-//! `outcome` is one of:
-//!
-//! | outcome | the request | in [shadow mode](crate::RateLimitLayerBuilder::shadow) |
-//! |---|---|---|
-//! | `allowed` | passed: the store said yes | same |
-//! | `limited` | rejected (429/403): over the limit, by the store or the local fallback | never; counted as `shadow_limited` |
-//! | `shadow_limited` | passed although over the limit (not charged) | |
-//! | `key_error` | rejected (400): no key could be taken from it | passes, still counted as `key_error` |
-//! | `fail_open` | passed: the store failed and the failure policy let it through | also what fail-closed does |
-//! | `fail_closed` | rejected (503): the store failed and the failure policy is closed | never; counted as `fail_open` |
-//! | `fallback` | passed: the store failed and the local fallback said yes | same |
-//! | `allow_listed` | passed without asking the store | same |
-//! | `deny_listed` | rejected without asking the store | same: deny lists are enforced |
-//! | `throttled` | rejected (429) without asking the store: a new caller while [throttling](crate::throttle::Throttle) | passes on to the limit; see `Throttle::stats().refused` |
-//!
-//! Labels are bounded: `policy` is a policy's name, never a caller's key.
-//! Handles are cached per layer, so counting a request allocates nothing.
+//! The metrics, recorded (feature `metrics`): their names, their
+//! descriptions, one layer's cached handles, and the counts other modules
+//! make. `off.rs` has the same crate-private functions, doing nothing.
 
+use super::outcome::Outcome;
 use crate::error::StoreErrorKind;
 use crate::policy::Policy;
 
@@ -55,7 +11,6 @@ use crate::policy::Policy;
 /// ```
 /// assert_eq!(tollgate::metrics::DECISIONS, "tollgate_decisions_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const DECISIONS: &str = "tollgate_decisions_total";
 
 /// Counter name: overrides set or cleared, by `policy` and `change`.
@@ -63,7 +18,6 @@ pub const DECISIONS: &str = "tollgate_decisions_total";
 /// ```
 /// assert_eq!(tollgate::metrics::OVERRIDES, "tollgate_overrides_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const OVERRIDES: &str = "tollgate_overrides_total";
 
 /// Counter name: penalty-box blocks started, by `policy` and `by`.
@@ -71,7 +25,6 @@ pub const OVERRIDES: &str = "tollgate_overrides_total";
 /// ```
 /// assert_eq!(tollgate::metrics::BLOCKS, "tollgate_blocks_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const BLOCKS: &str = "tollgate_blocks_total";
 
 /// Counter name: failed store calls by `policy` and `kind`.
@@ -79,7 +32,6 @@ pub const BLOCKS: &str = "tollgate_blocks_total";
 /// ```
 /// assert_eq!(tollgate::metrics::STORE_ERRORS, "tollgate_store_errors_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 
 /// Histogram name: seconds waited on the main store per decision, by
@@ -88,7 +40,6 @@ pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 /// ```
 /// assert_eq!(tollgate::metrics::STORE_LATENCY, "tollgate_store_latency_seconds");
 /// ```
-#[cfg(feature = "metrics")]
 pub const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 
 /// Counter name: decisions served from the in-process cache, by `policy`.
@@ -96,7 +47,6 @@ pub const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 /// ```
 /// assert_eq!(tollgate::metrics::LOCAL_CACHE_HITS, "tollgate_local_cache_hits_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const LOCAL_CACHE_HITS: &str = "tollgate_local_cache_hits_total";
 
 /// Gauge name: estimated distinct callers recently seen, by `policy`.
@@ -104,7 +54,6 @@ pub const LOCAL_CACHE_HITS: &str = "tollgate_local_cache_hits_total";
 /// ```
 /// assert_eq!(tollgate::metrics::ACTIVE_CALLERS, "tollgate_active_callers");
 /// ```
-#[cfg(feature = "metrics")]
 pub const ACTIVE_CALLERS: &str = "tollgate_active_callers";
 
 /// Counter name: `NOSCRIPT` answers after which a script was loaded again,
@@ -113,7 +62,6 @@ pub const ACTIVE_CALLERS: &str = "tollgate_active_callers";
 /// ```
 /// assert_eq!(tollgate::metrics::SCRIPT_RELOADS, "tollgate_script_reloads_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const SCRIPT_RELOADS: &str = "tollgate_script_reloads_total";
 
 /// Counter name: read-only calls a replica failed, sent to the primary.
@@ -121,7 +69,6 @@ pub const SCRIPT_RELOADS: &str = "tollgate_script_reloads_total";
 /// ```
 /// assert_eq!(tollgate::metrics::REPLICA_FALLBACKS, "tollgate_replica_fallbacks_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const REPLICA_FALLBACKS: &str = "tollgate_replica_fallbacks_total";
 
 /// Counter name: leases taken, by `policy`.
@@ -129,7 +76,6 @@ pub const REPLICA_FALLBACKS: &str = "tollgate_replica_fallbacks_total";
 /// ```
 /// assert_eq!(tollgate::metrics::LEASES, "tollgate_leases_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const LEASES: &str = "tollgate_leases_total";
 
 /// Counter name: units leased (beyond the requests that asked), by `policy`.
@@ -137,7 +83,6 @@ pub const LEASES: &str = "tollgate_leases_total";
 /// ```
 /// assert_eq!(tollgate::metrics::LEASED_UNITS, "tollgate_leased_units_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const LEASED_UNITS: &str = "tollgate_leased_units_total";
 
 /// Counter name: unspent lease units given back, by `policy`.
@@ -145,7 +90,6 @@ pub const LEASED_UNITS: &str = "tollgate_leased_units_total";
 /// ```
 /// assert_eq!(tollgate::metrics::LEASE_UNITS_RETURNED, "tollgate_lease_units_returned_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const LEASE_UNITS_RETURNED: &str = "tollgate_lease_units_returned_total";
 
 /// Counter name: units a settle charged or gave back, by `policy` and
@@ -155,7 +99,6 @@ pub const LEASE_UNITS_RETURNED: &str = "tollgate_lease_units_returned_total";
 /// ```
 /// assert_eq!(tollgate::metrics::SETTLED_UNITS, "tollgate_settled_units_total");
 /// ```
-#[cfg(feature = "metrics")]
 pub const SETTLED_UNITS: &str = "tollgate_settled_units_total";
 
 /// Histogram buckets (seconds) suited to [`STORE_LATENCY`]: 100 µs to 1 s,
@@ -171,7 +114,6 @@ pub const SETTLED_UNITS: &str = "tollgate_settled_units_total";
 ///     .unwrap();
 /// # let _ = builder;
 /// ```
-#[cfg(feature = "metrics")]
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
 ];
@@ -219,7 +161,6 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// assert!(!text.contains(r#"tollgate_store_latency_seconds_bucket{policy="core",le="0.1"} 1"#));
 /// # }
 /// ```
-#[cfg(feature = "metrics")]
 pub fn describe() {
     use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
@@ -289,53 +230,21 @@ pub fn describe() {
     );
 }
 
-/// What happened to one request; a metric label and a tracing field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Allowed,
-    Limited,
-    ShadowLimited,
-    KeyError,
-    FailOpen,
-    FailClosed,
-    Fallback,
-    AllowListed,
-    DenyListed,
-    Throttled,
-}
+/// Every [`Outcome`], in the order of its discriminants (the index of its
+/// counter in [`Handles`]).
+const OUTCOMES: [Outcome; 10] = [
+    Outcome::Allowed,
+    Outcome::Limited,
+    Outcome::ShadowLimited,
+    Outcome::KeyError,
+    Outcome::FailOpen,
+    Outcome::FailClosed,
+    Outcome::Fallback,
+    Outcome::AllowListed,
+    Outcome::DenyListed,
+    Outcome::Throttled,
+];
 
-impl Outcome {
-    #[cfg(feature = "metrics")]
-    const ALL: [Outcome; 10] = [
-        Outcome::Allowed,
-        Outcome::Limited,
-        Outcome::ShadowLimited,
-        Outcome::KeyError,
-        Outcome::FailOpen,
-        Outcome::FailClosed,
-        Outcome::Fallback,
-        Outcome::AllowListed,
-        Outcome::DenyListed,
-        Outcome::Throttled,
-    ];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Limited => "limited",
-            Outcome::ShadowLimited => "shadow_limited",
-            Outcome::KeyError => "key_error",
-            Outcome::FailOpen => "fail_open",
-            Outcome::FailClosed => "fail_closed",
-            Outcome::Fallback => "fallback",
-            Outcome::AllowListed => "allow_listed",
-            Outcome::DenyListed => "deny_listed",
-            Outcome::Throttled => "throttled",
-        }
-    }
-}
-
-#[cfg(feature = "metrics")]
 const KINDS: [StoreErrorKind; 5] = [
     StoreErrorKind::Timeout,
     StoreErrorKind::Unavailable,
@@ -344,7 +253,6 @@ const KINDS: [StoreErrorKind; 5] = [
     StoreErrorKind::Unsupported,
 ];
 
-#[cfg(feature = "metrics")]
 fn kind_index(kind: StoreErrorKind) -> usize {
     match kind {
         StoreErrorKind::Timeout => 0,
@@ -356,42 +264,33 @@ fn kind_index(kind: StoreErrorKind) -> usize {
 }
 
 /// One layer's metric handles, looked up on first use and then reused, so
-/// the request path only bumps atomics. Compiles to nothing without the
-/// `metrics` feature.
+/// the request path only bumps atomics.
 pub(crate) struct PolicyMetrics {
-    #[cfg(feature = "metrics")]
     policy: ::metrics::SharedString,
-    #[cfg(feature = "metrics")]
     handles: std::sync::OnceLock<Handles>,
 }
 
-#[cfg(feature = "metrics")]
 struct Handles {
-    decisions: [::metrics::Counter; Outcome::ALL.len()],
+    decisions: [::metrics::Counter; OUTCOMES.len()],
     store_errors: [::metrics::Counter; KINDS.len()],
     store_latency: ::metrics::Histogram,
 }
 
 impl PolicyMetrics {
     pub(crate) fn new(policy: &Policy) -> Self {
-        #[cfg(not(feature = "metrics"))]
-        let _ = policy;
         Self {
-            #[cfg(feature = "metrics")]
             policy: policy.shared_name().clone().into(),
-            #[cfg(feature = "metrics")]
             handles: std::sync::OnceLock::new(),
         }
     }
 
     /// Handles from the recorder installed at first use (global, or a
     /// thread-local one in tests).
-    #[cfg(feature = "metrics")]
     fn handles(&self) -> &Handles {
         self.handles.get_or_init(|| {
             let policy = &self.policy;
             Handles {
-                decisions: Outcome::ALL.map(|outcome| {
+                decisions: OUTCOMES.map(|outcome| {
                     ::metrics::counter!(DECISIONS, "policy" => policy.clone(), "outcome" => outcome.as_str())
                 }),
                 store_errors: KINDS.map(|kind| {
@@ -405,38 +304,29 @@ impl PolicyMetrics {
     /// Counts one request under `outcome`.
     #[inline]
     pub(crate) fn decision(&self, outcome: Outcome) {
-        #[cfg(feature = "metrics")]
         self.handles().decisions[outcome as usize].increment(1);
-        #[cfg(not(feature = "metrics"))]
-        let _ = outcome;
     }
 
     /// Counts one failed store call.
     #[inline]
     pub(crate) fn store_error(&self, kind: StoreErrorKind) {
-        #[cfg(feature = "metrics")]
         self.handles().store_errors[kind_index(kind)].increment(1);
-        #[cfg(not(feature = "metrics"))]
-        let _ = kind;
     }
 
     /// Records the time since `watch` started as one store call's latency.
     #[inline]
     pub(crate) fn store_latency(&self, watch: Stopwatch) {
-        #[cfg(feature = "metrics")]
         self.handles()
             .store_latency
             .record(watch.elapsed().as_secs_f64());
-        #[cfg(not(feature = "metrics"))]
-        let _ = watch;
     }
 }
 
-/// Reads the clock only when metrics are compiled in.
+/// When a store call started, for its latency (without the `metrics`
+/// feature, a stopwatch that reads no clock).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stopwatch {
     /// `None`: nothing was waited for.
-    #[cfg(feature = "metrics")]
     started: Option<std::time::Instant>,
 }
 
@@ -444,7 +334,6 @@ impl Stopwatch {
     #[inline]
     pub(crate) fn start() -> Self {
         Self {
-            #[cfg(feature = "metrics")]
             started: Some(std::time::Instant::now()),
         }
     }
@@ -453,13 +342,9 @@ impl Stopwatch {
     /// no clock.
     #[inline]
     pub(crate) fn idle() -> Self {
-        Self {
-            #[cfg(feature = "metrics")]
-            started: None,
-        }
+        Self { started: None }
     }
 
-    #[cfg(feature = "metrics")]
     fn elapsed(&self) -> std::time::Duration {
         self.started
             .map_or(std::time::Duration::ZERO, |s| s.elapsed())
@@ -470,47 +355,35 @@ impl Stopwatch {
 /// For code paths without the layer's cached handles at hand.
 #[inline]
 pub(crate) fn local_cache_hit(policy: &Policy) {
-    #[cfg(feature = "metrics")]
     ::metrics::counter!(LOCAL_CACHE_HITS, "policy" => policy.shared_name().clone()).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = policy;
 }
 
 /// Counts what settling a request to its actual cost moved: `actual`
 /// units against `charged` when the request started. Nothing when equal.
 #[inline]
 pub(crate) fn settled(policy: &Policy, charged: u64, actual: u64) {
-    #[cfg(feature = "metrics")]
-    {
-        let (direction, units) = if actual >= charged {
-            ("charged", actual - charged)
-        } else {
-            ("given_back", charged - actual)
-        };
-        if units > 0 {
-            ::metrics::counter!(SETTLED_UNITS, "policy" => policy.shared_name().clone(), "direction" => direction)
-                .increment(units);
-        }
+    let (direction, units) = if actual >= charged {
+        ("charged", actual - charged)
+    } else {
+        ("given_back", charged - actual)
+    };
+    if units > 0 {
+        ::metrics::counter!(SETTLED_UNITS, "policy" => policy.shared_name().clone(), "direction" => direction)
+            .increment(units);
     }
-    #[cfg(not(feature = "metrics"))]
-    let _ = (policy, charged, actual);
 }
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// Counts a script loaded again after `NOSCRIPT`.
 #[inline]
 pub(crate) fn script_reload(script: &'static str) {
-    #[cfg(feature = "metrics")]
     ::metrics::counter!(SCRIPT_RELOADS, "script" => script).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = script;
 }
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// Counts a read-only call a replica failed, sent to the primary.
 #[inline]
 pub(crate) fn replica_fallback() {
-    #[cfg(feature = "metrics")]
     ::metrics::counter!(REPLICA_FALLBACKS).increment(1);
 }
 
@@ -518,58 +391,40 @@ pub(crate) fn replica_fallback() {
 /// Counts a lease taken, and the units it charged beyond its request.
 #[inline]
 pub(crate) fn lease_taken(policy: &Policy, units: u64) {
-    #[cfg(feature = "metrics")]
-    {
-        ::metrics::counter!(LEASES, "policy" => policy.shared_name().clone()).increment(1);
-        ::metrics::counter!(LEASED_UNITS, "policy" => policy.shared_name().clone())
-            .increment(units);
-    }
-    #[cfg(not(feature = "metrics"))]
-    let _ = (policy, units);
+    ::metrics::counter!(LEASES, "policy" => policy.shared_name().clone()).increment(1);
+    ::metrics::counter!(LEASED_UNITS, "policy" => policy.shared_name().clone()).increment(units);
 }
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// Counts unspent lease units given back.
 #[inline]
 pub(crate) fn lease_returned(policy: &Policy, units: u64) {
-    #[cfg(feature = "metrics")]
     ::metrics::counter!(LEASE_UNITS_RETURNED, "policy" => policy.shared_name().clone())
         .increment(units);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (policy, units);
 }
 
 #[cfg_attr(not(feature = "throttle"), allow(dead_code))]
 /// Sets the estimate of distinct callers recently seen under `policy`.
 #[inline]
 pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
-    #[cfg(feature = "metrics")]
     ::metrics::gauge!(ACTIVE_CALLERS, "policy" => policy.shared_name().clone()).set(estimate);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (policy, estimate);
 }
 
 /// Counts an operator's change to an override: `set` or `cleared`.
 #[inline]
 pub(crate) fn override_changed(policy: &Policy, change: &'static str) {
-    #[cfg(feature = "metrics")]
     ::metrics::counter!(OVERRIDES, "policy" => policy.shared_name().clone(), "change" => change)
         .increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (policy, change);
 }
 
 /// Counts a penalty-box block started, `by` the caller's `strikes` or an
 /// `operator`.
 #[inline]
 pub(crate) fn block_started(policy: &Policy, by: &'static str) {
-    #[cfg(feature = "metrics")]
     ::metrics::counter!(BLOCKS, "policy" => policy.shared_name().clone(), "by" => by).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (policy, by);
 }
 
-#[cfg(all(test, feature = "metrics"))]
+#[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
 
@@ -686,7 +541,7 @@ mod tests {
 
     #[test]
     fn outcome_and_kind_tables_match_their_indices() {
-        for (i, outcome) in Outcome::ALL.iter().enumerate() {
+        for (i, outcome) in OUTCOMES.iter().enumerate() {
             assert_eq!(*outcome as usize, i);
         }
         for (i, kind) in KINDS.iter().enumerate() {
