@@ -418,15 +418,16 @@ impl Stamps {
             Stamps::Heap(stamps) => stamps,
         }
     }
+}
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn len(&self) -> usize {
+#[cfg(test)]
+impl Stamps {
+    fn len(&self) -> usize {
         self.as_slice().len()
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    /// Takes the last stamp off (a reply that carries more than stamps).
-    pub(crate) fn pop(&mut self) -> Option<u64> {
+    /// Takes the last stamp off.
+    fn pop(&mut self) -> Option<u64> {
         match self {
             Stamps::Inline(0, _) => None,
             Stamps::Inline(len, stamps) => {

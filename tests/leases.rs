@@ -531,3 +531,61 @@ async fn a_settle_through_a_lease_shows_what_the_memory_store_shows() {
         "Redis counts what was spent and what is leased: {in_redis}"
     );
 }
+
+/// Issue 40: the lease path decoded its reply apart from the decision
+/// path and never counted a block it started. Every script reply now goes
+/// through one reader and one post-step, so a penalty-box block started by
+/// a lease request is counted in `tollgate_blocks_total`.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn a_block_started_by_a_lease_request_is_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // One thread: every call below records here.
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let clock = ManualClock::new(T0);
+    let one = NonZeroU32::new(1).unwrap();
+    let minute = Duration::from_secs(60);
+    let policy = Policy::fixed_window("login", per_minute(2))
+        .with_penalty_box(PenaltyBox::new(one, minute, minute).unwrap());
+    let eager = Leases::new().hot_after(one);
+    let server = store(
+        &shared_url(),
+        &unique_prefix("lease-block-metric"),
+        &clock,
+        Some(eager),
+    )
+    .await;
+    let bob = Key::new("bob");
+    // The first asks for a lease (hot at once) and gets none: the caller
+    // has no room to spare; the second goes to Redis alone.
+    assert!(decide(&server, &policy, &bob).await.allowed);
+    assert!(decide(&server, &policy, &bob).await.allowed);
+    // A span later the next asks for a lease again: refused, the strike
+    // that starts a block, decided by the lease script.
+    clock.advance(Duration::from_millis(250));
+    let refused = decide(&server, &policy, &bob).await;
+    assert!(refused.blocked, "{refused:?}");
+    let blocks: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == tollgate::metrics::BLOCKS)
+        .map(|(key, _, _, value)| {
+            let labels = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()));
+            (labels.collect::<Vec<_>>(), value)
+        })
+        .collect();
+    assert_eq!(
+        blocks,
+        vec![(
+            vec!["policy=login".to_owned(), "by=strikes".to_owned()],
+            DebugValue::Counter(1)
+        )]
+    );
+}

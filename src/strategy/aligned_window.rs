@@ -18,7 +18,7 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::Window;
 #[cfg(feature = "redis")]
-use crate::store::redis::args::GiveBack;
+use crate::store::redis::args::{GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 use std::sync::Arc;
@@ -144,7 +144,7 @@ impl Algorithm for AlignedWindow {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
@@ -174,7 +174,7 @@ impl Algorithm for AlignedWindow {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, _policy: &Policy, _now: ScriptNow, receipt: &Receipt) -> GiveBack {
         let units = fixed_window::signed(receipt.cost());
         GiveBack::Refund(&LUA.refund, fixed_window::refund_args(receipt, units))
     }
@@ -183,7 +183,7 @@ impl Algorithm for AlignedWindow {
     fn charge_more_call(
         &self,
         _policy: &Policy,
-        _now: i64,
+        _now: ScriptNow,
         receipt: &Receipt,
         extra: u64,
     ) -> Option<GiveBack> {

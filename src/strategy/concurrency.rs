@@ -25,7 +25,7 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::{InFlight, Slot, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, GiveBack};
+use crate::store::redis::args::{int, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 
@@ -213,14 +213,14 @@ impl Algorithm for Concurrency {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
         let script = LUA.decide(read_only);
         let quota = policy.quotas()[0];
         let args = Args::from_slice(&[
-            now,
+            now.arg(),
             int(cost),
             int(quota.limit()),
             int(quota.window_micros()),
@@ -242,7 +242,7 @@ impl Algorithm for Concurrency {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, _policy: &Policy, _now: ScriptNow, receipt: &Receipt) -> GiveBack {
         let id = receipt.stamps().first().copied().unwrap_or(0);
         let args = Args::from_slice(&[int(id), int(receipt.cost())]);
         GiveBack::Release(&LUA.refund, args)

@@ -14,7 +14,7 @@ use crate::store::memory::shard::with_slots;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::{State, Window};
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, quota_ints, GiveBack};
+use crate::store::redis::args::{int, quota_ints, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 use std::sync::Arc;
@@ -181,9 +181,9 @@ pub(crate) fn give_back_windows(
 /// window (µs), as `lua/fixed_window.lua` and `lua/aligned_window.lua` take
 /// them.
 #[cfg(feature = "redis")]
-pub(crate) fn window_args(policy: &Policy, now: i64, cost: u64) -> Args {
+pub(crate) fn window_args(policy: &Policy, now: ScriptNow, cost: u64) -> Args {
     let mut args = Args::new();
-    args.push(now);
+    args.push(now.arg());
     args.push(int(cost));
     args.extend(quota_ints(policy));
     args
@@ -290,7 +290,7 @@ impl Algorithm for FixedWindow {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
@@ -317,7 +317,7 @@ impl Algorithm for FixedWindow {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, _policy: &Policy, _now: ScriptNow, receipt: &Receipt) -> GiveBack {
         GiveBack::Refund(&LUA.refund, refund_args(receipt, signed(receipt.cost())))
     }
 
@@ -325,7 +325,7 @@ impl Algorithm for FixedWindow {
     fn charge_more_call(
         &self,
         _policy: &Policy,
-        _now: i64,
+        _now: ScriptNow,
         receipt: &Receipt,
         extra: u64,
     ) -> Option<GiveBack> {

@@ -26,7 +26,7 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, stamps, GiveBack};
+use crate::store::redis::args::{int, stamps, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 #[cfg(feature = "redis")]
@@ -268,13 +268,13 @@ impl Algorithm for Gcra {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
         let burst = burst_of(policy.strategy());
         let args = Args::from_slice(&[
-            now,
+            now.arg(),
             int(cost),
             int(interval(&policy.quotas()[0])),
             int(burst.get()),
@@ -310,7 +310,7 @@ impl Algorithm for Gcra {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, policy: &Policy, now: ScriptNow, receipt: &Receipt) -> GiveBack {
         refund_call(policy, now, receipt, signed(receipt.cost()))
     }
 
@@ -318,7 +318,7 @@ impl Algorithm for Gcra {
     fn charge_more_call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         receipt: &Receipt,
         extra: u64,
     ) -> Option<GiveBack> {
@@ -329,9 +329,9 @@ impl Algorithm for Gcra {
 /// `lua/gcra_refund.lua`'s call: now, `units` to give back (negative: to
 /// charge), T, the stamp.
 #[cfg(feature = "redis")]
-fn refund_call(policy: &Policy, now: i64, receipt: &Receipt, units: i64) -> GiveBack {
+fn refund_call(policy: &Policy, now: ScriptNow, receipt: &Receipt, units: i64) -> GiveBack {
     let mut args = vec![
-        now.to_string(),
+        now.arg().to_string(),
         units.to_string(),
         interval(&policy.quotas()[0]).to_string(),
     ];

@@ -29,9 +29,9 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, GiveBack};
+use crate::store::redis::args::{int, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
-use crate::store::redis::reply::{self, Ints};
+use crate::store::redis::reply::Decided;
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 #[cfg(feature = "redis")]
@@ -265,14 +265,14 @@ impl Algorithm for LeakyBucket {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
         let capacity = capacity_of(policy.strategy());
         let script = LUA.decide(read_only);
         let args = Args::from_slice(&[
-            now,
+            now.arg(),
             int(cost),
             int(capacity.get()),
             int(interval_micros(&policy.quotas()[0])),
@@ -292,7 +292,7 @@ impl Algorithm for LeakyBucket {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, policy: &Policy, now: ScriptNow, receipt: &Receipt) -> GiveBack {
         refund_call(policy, now, receipt, signed(receipt.cost()))
     }
 
@@ -300,7 +300,7 @@ impl Algorithm for LeakyBucket {
     fn charge_more_call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         receipt: &Receipt,
         extra: u64,
     ) -> Option<GiveBack> {
@@ -309,17 +309,17 @@ impl Algorithm for LeakyBucket {
 
     /// The reply of a shaping decision, with its delay.
     #[cfg(feature = "redis")]
-    fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
-        reply::shaped(ints, cost)
+    fn reply(&self, decided: Decided, cost: u64) -> Result<Decision, StoreError> {
+        decided.shaped(cost)
     }
 }
 
 /// `lua/leaky_bucket_refund.lua`'s call: now, `units` to give back
 /// (negative: to charge), the interval, the slot's end.
 #[cfg(feature = "redis")]
-fn refund_call(policy: &Policy, now: i64, receipt: &Receipt, units: i64) -> GiveBack {
+fn refund_call(policy: &Policy, now: ScriptNow, receipt: &Receipt, units: i64) -> GiveBack {
     let args = vec![
-        now.to_string(),
+        now.arg().to_string(),
         units.to_string(),
         interval_micros(&policy.quotas()[0]).to_string(),
         receipt.stamps().first().copied().unwrap_or(0).to_string(),

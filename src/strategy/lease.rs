@@ -34,11 +34,8 @@
 //! granted against the limit the decision is judged by.
 
 use super::ALL;
-use crate::decision::Decision;
-use crate::error::StoreError;
 use crate::policy::Policy;
-use crate::store::redis::args::int;
-use crate::store::redis::reply::{self, Ints};
+use crate::store::redis::args::{int, ScriptNow};
 use crate::store::redis::script::{Args, LuaScript};
 
 /// How a lease is spent in this process.
@@ -117,31 +114,20 @@ pub(crate) fn spending(policy: &Policy) -> Option<Spending> {
 /// beyond `cost`. For a policy with a caller's own rules the script is
 /// wrapped by `lua/caller.lua`, whose keys and arguments the store adds
 /// after these.
-pub(crate) fn call(policy: &Policy, now: i64, cost: u64, want: u64) -> (&'static LuaScript, Args) {
+pub(crate) fn call(
+    policy: &Policy,
+    now: ScriptNow,
+    cost: u64,
+    want: u64,
+) -> (&'static LuaScript, Args) {
     let algorithm = policy.strategy().algorithm();
     let scripts = algorithm
         .lease_scripts()
         .expect("only a strategy that leases is asked for a lease");
-    let mut args = Args::from_slice(&[now, int(cost)]);
+    let mut args = Args::from_slice(&[now.arg(), int(cost)]);
     args.extend(algorithm.quota_args(policy).1);
     args.push(int(want));
     (scripts.for_policy(policy), args)
-}
-
-/// A lease script's reply: the decision for the request that asked (as the
-/// strategy's own script would reply, its `used` counting the lease), and
-/// the units leased (0 on a rejection).
-pub(crate) fn reply(mut ints: Ints, cost: u64) -> Result<(Decision, u64), StoreError> {
-    let leased = match ints.first() {
-        Some(1) if ints.len() == 9 => ints.pop().map_or(0, |n| n.max(0) as u64),
-        Some(1) => {
-            return Err(StoreError::protocol(format!(
-                "malformed lease reply {ints:?}"
-            )))
-        }
-        _ => 0,
-    };
-    Ok((reply::decision(ints, cost)?, leased))
 }
 
 #[cfg(test)]

@@ -43,8 +43,8 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 #[cfg(feature = "redis")]
 use crate::store::redis::{
-    args::GiveBack,
-    reply::Ints,
+    args::{GiveBack, ScriptNow},
+    reply::Decided,
     script::{Args, LuaScript, Trio},
 };
 
@@ -349,7 +349,7 @@ pub(crate) trait Algorithm: Sync {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args);
@@ -377,7 +377,7 @@ pub(crate) trait Algorithm: Sync {
     /// The Redis store's refund of `receipt`, at `now` (µs, or -1 for Redis
     /// `TIME`), on the policy's quota keys.
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, policy: &Policy, now: i64, receipt: &Receipt) -> GiveBack;
+    fn give_back_call(&self, policy: &Policy, now: ScriptNow, receipt: &Receipt) -> GiveBack;
 
     /// The Redis store's settle of `receipt` to `actual` units: one call of
     /// the refund script, with a negative count for a charge; `None` when
@@ -386,7 +386,7 @@ pub(crate) trait Algorithm: Sync {
     fn settle_call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         receipt: &Receipt,
         actual: u64,
     ) -> Option<GiveBack> {
@@ -411,17 +411,18 @@ pub(crate) trait Algorithm: Sync {
     fn charge_more_call(
         &self,
         _policy: &Policy,
-        _now: i64,
+        _now: ScriptNow,
         _receipt: &Receipt,
         _extra: u64,
     ) -> Option<GiveBack> {
         None
     }
 
-    /// What a decision script's reply `ints` means.
+    /// The decision a decided script reply gives (read once, by
+    /// [`Reply::read`](crate::store::redis::reply::Reply::read)).
     #[cfg(feature = "redis")]
-    fn reply(&self, ints: Ints, cost: u64) -> Result<Decision, StoreError> {
-        crate::store::redis::reply::decision(ints, cost)
+    fn reply(&self, decided: Decided, cost: u64) -> Result<Decision, StoreError> {
+        Ok(decided.decision(cost))
     }
 }
 

@@ -26,7 +26,7 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::{Log, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, quota_ints, stamps, GiveBack};
+use crate::store::redis::args::{int, quota_ints, stamps, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 
@@ -248,11 +248,11 @@ impl Algorithm for SlidingLog {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
-        let mut args = Args::from_slice(&[now, int(cost), int(request_id())]);
+        let mut args = Args::from_slice(&[now.arg(), int(cost), int(request_id())]);
         args.extend(quota_ints(policy));
         (LUA.decide(read_only), args)
     }
@@ -263,7 +263,7 @@ impl Algorithm for SlidingLog {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, _policy: &Policy, _now: ScriptNow, receipt: &Receipt) -> GiveBack {
         let mut args = vec![receipt.cost().to_string()];
         args.extend(stamps(receipt));
         GiveBack::Refund(&LUA.refund, args)
@@ -303,7 +303,7 @@ impl Algorithm for SlidingLog {
     fn settle_call(
         &self,
         _policy: &Policy,
-        _now: i64,
+        _now: ScriptNow,
         receipt: &Receipt,
         actual: u64,
     ) -> Option<GiveBack> {

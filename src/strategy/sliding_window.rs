@@ -28,7 +28,7 @@ use crate::store::memory::shard::with_slots;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::{Counter, State};
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, quota_ints, stamps, GiveBack};
+use crate::store::redis::args::{int, quota_ints, stamps, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 #[cfg(feature = "redis")]
@@ -349,11 +349,11 @@ impl Algorithm for SlidingWindow {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
-        let mut args = Args::from_slice(&[now, int(cost)]);
+        let mut args = Args::from_slice(&[now.arg(), int(cost)]);
         args.extend(quota_ints(policy));
         (LUA.decide(read_only), args)
     }
@@ -364,7 +364,7 @@ impl Algorithm for SlidingWindow {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, policy: &Policy, _now: ScriptNow, receipt: &Receipt) -> GiveBack {
         refund_call(policy, receipt, signed(receipt.cost()))
     }
 
@@ -372,7 +372,7 @@ impl Algorithm for SlidingWindow {
     fn charge_more_call(
         &self,
         policy: &Policy,
-        _now: i64,
+        _now: ScriptNow,
         receipt: &Receipt,
         extra: u64,
     ) -> Option<GiveBack> {

@@ -18,7 +18,7 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, stamps, GiveBack};
+use crate::store::redis::args::{int, stamps, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 use std::num::NonZeroU32;
@@ -197,12 +197,12 @@ impl Algorithm for UniformGate {
     fn call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         cost: u64,
         read_only: bool,
     ) -> (&'static LuaScript, Args) {
         let span = policy.quotas()[0].window_micros();
-        let args = Args::from_slice(&[now, int(cost), int(span), int(MAX_SPAN_MICROS)]);
+        let args = Args::from_slice(&[now.arg(), int(cost), int(span), int(MAX_SPAN_MICROS)]);
         (LUA.decide(read_only), args)
     }
 
@@ -215,7 +215,7 @@ impl Algorithm for UniformGate {
     }
 
     #[cfg(feature = "redis")]
-    fn give_back_call(&self, _policy: &Policy, _now: i64, receipt: &Receipt) -> GiveBack {
+    fn give_back_call(&self, _policy: &Policy, _now: ScriptNow, receipt: &Receipt) -> GiveBack {
         let args = stamps(receipt).collect();
         GiveBack::Refund(&LUA.refund, args)
     }
@@ -225,14 +225,18 @@ impl Algorithm for UniformGate {
     fn settle_call(
         &self,
         policy: &Policy,
-        now: i64,
+        now: ScriptNow,
         receipt: &Receipt,
         actual: u64,
     ) -> Option<GiveBack> {
         let &stamp = receipt.stamps().first()?;
         let span = policy.quotas()[0].window_micros();
         let reopening = settled_reopening(span, stamp, receipt.cost(), actual);
-        let args = vec![stamp.to_string(), now.to_string(), reopening.to_string()];
+        let args = vec![
+            stamp.to_string(),
+            now.arg().to_string(),
+            reopening.to_string(),
+        ];
         Some(GiveBack::Refund(&LUA.refund, args))
     }
 }

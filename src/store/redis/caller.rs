@@ -157,7 +157,7 @@ impl RedisStore {
             ));
         };
         let [_, _, _, cap] = penalty.args();
-        let args = [self.now_int(), int(block.as_micros()), int(cap)];
+        let args = [self.script_now().arg(), int(block.as_micros()), int(cap)];
         let script = &SCRIPTS.block;
         self.connection()
             .eval(

@@ -29,7 +29,7 @@ use foldhash::fast::RandomState;
 use hashbrown::{Equivalent, HashMap};
 use tokio::sync::Semaphore;
 
-use super::{batch, local_micros, reply, Inner, RedisStore};
+use super::{args, local_micros, reply, Inner, RedisStore};
 use crate::decision::{Decision, Receipt};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -807,8 +807,8 @@ impl RedisStore {
             key,
             dry_until: Some(asked_at.saturating_add(table.options.span)),
         };
-        let (script, mut args) = lease::call(policy, self.now_int(), cost, want);
-        batch::with_until(&mut args, self.until(deadline));
+        let (script, mut args) = lease::call(policy, self.script_now(), cost, want);
+        args::with_until(&mut args, self.until(deadline));
         let mut keys = self.inner.keys.quota_keys(policy, key);
         if policy.has_caller_rules() {
             self.add_caller_rules(policy, key, &mut keys, &mut args);
@@ -819,16 +819,7 @@ impl RedisStore {
             .eval(script, &keys, &args, false)
             .await
             .map_err(|err| script.error(err))?;
-        let ints = reply::integers(value)?;
-        let now_at = if ints.first() == Some(&reply::LATE) {
-            1
-        } else {
-            5
-        };
-        if let Some(&now) = ints.get(now_at) {
-            self.inner.offset.observe(now);
-        }
-        let (mut decision, leased) = lease::reply(ints, cost)?;
+        let (mut decision, leased) = self.heard(policy, reply::integers(value)?)?.leased(cost)?;
         if decision.allowed && leased > 0 {
             let spending = lease::spending(policy).expect("only leasing policies take leases");
             let lease_stamp = decision.receipt.stamps().first().copied().unwrap_or(0);

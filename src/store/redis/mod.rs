@@ -28,10 +28,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use self::args::{int, GiveBack};
+use self::args::{int, GiveBack, ScriptNow};
 use self::batchers::Batchers;
 use self::connection::Connection;
 use self::lease::LeaseTable;
+use self::reply::{Decided, Outcome, Reply};
 use self::script::Args;
 use self::script::{LuaScript, SCRIPTS};
 use self::server::Scripting;
@@ -216,13 +217,12 @@ impl RedisStore {
         &self.inner.keys
     }
 
-    /// `now` for the scripts: the store's clock, or -1 for Redis `TIME`.
-    /// Decision arguments are all integers, sent without a string of their
-    /// own each.
-    fn now_int(&self) -> i64 {
+    /// Where the scripts take their `now`: the store's clock, or Redis
+    /// `TIME`.
+    pub(super) fn script_now(&self) -> ScriptNow {
         match &self.inner.clock {
-            Some(clock) => int(clock.now_micros()),
-            None => -1,
+            Some(clock) => ScriptNow::Store(clock.now_micros()),
+            None => ScriptNow::RedisTime,
         }
     }
 
@@ -269,7 +269,7 @@ impl RedisStore {
         let reply = match batcher {
             Some(batcher) => batcher.eval(script, keys, args, until).await?,
             None if !read_only && SCRIPTS.give_back_of(script, &args).is_some() => {
-                batch::with_until(&mut args, until);
+                args::with_until(&mut args, until);
                 batch::eval_holding(&self.inner.conn, script, keys, args).await?
             }
             None if read_only => reply::integers(
@@ -280,25 +280,33 @@ impl RedisStore {
                     .map_err(|err| script.error(err))?,
             )?,
             None => {
-                batch::with_until(&mut args, until);
+                args::with_until(&mut args, until);
                 let reply = self.inner.conn.eval(script, &keys, &args, false).await;
                 reply::integers(reply.map_err(|err| script.error(err))?)?
             }
         };
-        if reply.first() == Some(&reply::BLOCK_STARTED) {
-            crate::metrics::block_started(policy, "strikes");
-        }
-        let now_at = if reply.first() == Some(&reply::LATE) {
-            1
-        } else {
-            5
-        };
-        if let Some(&now) = reply.get(now_at) {
-            self.inner.offset.observe(now);
-        }
-        let decision = policy.strategy().algorithm().reply(reply, cost)?;
+        let decided = self.heard(policy, reply)?;
+        let decision = policy.strategy().algorithm().reply(decided, cost)?;
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))
+    }
+
+    /// What every decision script's reply goes through, whichever path
+    /// called it (alone, batched, a peek, a lease): read once
+    /// ([`Reply::read`]); Redis's time learnt from it; a block it started
+    /// counted. A call that ran too late is [`StoreError::late`].
+    fn heard(&self, policy: &Policy, ints: reply::Ints) -> Result<Decided, StoreError> {
+        let reply = Reply::read(ints)?;
+        self.inner.offset.observe(reply.redis_now());
+        match reply {
+            Reply::Late { .. } => Err(StoreError::late()),
+            Reply::Decided(decided) => {
+                if decided.outcome == Outcome::BlockStarted {
+                    crate::metrics::block_started(policy, "strikes");
+                }
+                Ok(decided)
+            }
+        }
     }
 
     /// The batcher for a writing call on `keys`, if the store batches.
@@ -315,7 +323,7 @@ impl RedisStore {
         read_only: bool,
     ) -> (&'static LuaScript, KeyList, Args) {
         let algorithm = policy.strategy().algorithm();
-        let (script, mut args) = algorithm.call(policy, self.now_int(), cost, read_only);
+        let (script, mut args) = algorithm.call(policy, self.script_now(), cost, read_only);
         let mut keys = self.inner.keys.quota_keys(policy, key);
         if !policy.has_caller_rules() {
             return (script, keys, args);
@@ -401,7 +409,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let keys = self.inner.keys.quota_keys(policy, key);
         let algorithm = policy.strategy().algorithm();
-        let (script, args) = match algorithm.give_back_call(policy, self.now_int(), receipt) {
+        let (script, args) = match algorithm.give_back_call(policy, self.script_now(), receipt) {
             GiveBack::Release(script, args) => return self.release(keys, script, args).await,
             GiveBack::Refund(script, args) => (script, args),
         };
@@ -439,7 +447,7 @@ impl RedisStore {
             return Ok(());
         }
         let algorithm = policy.strategy().algorithm();
-        let call = algorithm.settle_call(policy, self.now_int(), receipt, actual);
+        let call = algorithm.settle_call(policy, self.script_now(), receipt, actual);
         let (script, args) = match call {
             None => return Ok(()),
             Some(GiveBack::Refund(script, args)) => (script, args),
@@ -610,7 +618,7 @@ impl Store for RedisStore {
         let algorithm = policy.strategy().algorithm();
         if algorithm.holds_until_response_ends() && !receipt.is_empty() {
             if let GiveBack::Release(script, args) =
-                algorithm.give_back_call(policy, self.now_int(), receipt)
+                algorithm.give_back_call(policy, self.script_now(), receipt)
             {
                 let keys = self.inner.keys.quota_keys(policy, key);
                 return Box::pin(self.release(keys, script, args));
@@ -653,7 +661,7 @@ impl Store for RedisStore {
             return None;
         }
         let GiveBack::Release(script, args) =
-            algorithm.give_back_call(policy, self.now_int(), receipt)
+            algorithm.give_back_call(policy, self.script_now(), receipt)
         else {
             return None;
         };

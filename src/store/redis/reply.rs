@@ -92,53 +92,147 @@ fn integers_of(words: &[u8]) -> Ints {
 }
 
 /// A charging script's first integer when it ran after its deadline and
-/// wrote nothing (`lua/timed.lua`, `lua/batch.lua`); the store's `now`
-/// follows.
-pub(crate) const LATE: i64 = -2;
+/// wrote nothing (`lua/timed.lua`, `lua/batch.lua`); Redis's time follows.
+const LATE: i64 = -2;
+
+/// A decision reply's first integer for a pass.
+const PASSED: i64 = 1;
 
 /// A decision reply's first integer for a caller in the penalty box
 /// (`lua/caller.lua`): refused until the reply's reset.
 const BLOCKED: i64 = 2;
 
 /// [`BLOCKED`], by the rejection that started the block.
-pub(crate) const BLOCK_STARTED: i64 = 3;
+const BLOCK_STARTED: i64 = 3;
 
-/// Decodes the shared reply head, with the remaining integers as the receipt.
-pub(crate) fn decision(ints: Ints, cost: u64) -> Result<Decision, StoreError> {
-    if ints.first() == Some(&LATE) {
-        return Err(StoreError::late());
-    }
-    if ints.len() < HEAD || ints[..HEAD].iter().skip(1).any(|&i| i < -1) {
-        return Err(StoreError::protocol(format!(
-            "malformed decision reply {ints:?}"
-        )));
-    }
-    let u = |i: usize| ints[i].max(0) as u64;
-    let decision = if ints[0] == 1 {
-        let stamps = ints[HEAD..].iter().map(|&s| s.max(0) as u64);
-        Decision::allowed(u(1), u(2), u(3), u(5)).with_receipt(Receipt::of(cost, stamps))
-    } else if ints[0] == BLOCKED || ints[0] == BLOCK_STARTED {
-        Decision::rejected(u(1), u(2), u(3), u(5), u(4)).blocked_until(u(3))
-    } else {
-        Decision::rejected(u(1), u(2), u(3), u(5), u(4))
-    };
-    Ok(decision.reporting(u(6) as usize))
+/// Where Redis's time (µs) is in a decided reply's head.
+const NOW: usize = 5;
+
+/// A decision script's reply, read once. Every path that calls one (a
+/// decision alone or batched, a peek, a lease) reads it here; the positions
+/// and sentinel integers of the reply stay in this file.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The call ran after its request's deadline and wrote nothing.
+    Late {
+        /// Redis's time when it ran, µs.
+        redis_now: i64,
+    },
+    /// The script decided.
+    Decided(Decided),
 }
 
-/// Decodes a leaky bucket's reply: the shared head, then on a pass the slot
-/// end (the receipt's stamp) and the wait before leaving, µs.
-pub(crate) fn shaped(ints: Ints, cost: u64) -> Result<Decision, StoreError> {
-    let mut decision = decision(ints, cost)?;
-    if decision.allowed {
-        let delay = decision
-            .receipt
-            .stamps
-            .pop()
-            .filter(|_| decision.receipt.stamps.len() == 1)
-            .ok_or_else(|| StoreError::protocol("leaky bucket reply without slot and delay"))?;
-        decision = decision.delayed(delay);
+/// How a script decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Passed,
+    Rejected,
+    /// Refused: the caller is in the penalty box.
+    Blocked,
+    /// Refused, and this rejection started a block.
+    BlockStarted,
+}
+
+/// A decided reply: its outcome, its head (limit, used, reset, retry,
+/// Redis's time, the reported quota) and what follows (a pass's stamps,
+/// then what a strategy or a lease adds).
+#[derive(Debug)]
+pub(crate) struct Decided {
+    pub(crate) outcome: Outcome,
+    ints: Ints,
+}
+
+impl Reply {
+    /// Reads a decision script's integers; a malformed head is a protocol
+    /// error.
+    pub(crate) fn read(ints: Ints) -> Result<Reply, StoreError> {
+        let malformed =
+            |ints: &Ints| StoreError::protocol(format!("malformed decision reply {ints:?}"));
+        let outcome = match ints.first() {
+            Some(&LATE) => {
+                let redis_now = *ints.get(1).ok_or_else(|| malformed(&ints))?;
+                return Ok(Reply::Late { redis_now });
+            }
+            Some(&PASSED) => Outcome::Passed,
+            Some(&0) => Outcome::Rejected,
+            Some(&BLOCKED) => Outcome::Blocked,
+            Some(&BLOCK_STARTED) => Outcome::BlockStarted,
+            _ => return Err(malformed(&ints)),
+        };
+        if ints.len() < HEAD || ints[1..HEAD].iter().any(|&i| i < -1) {
+            return Err(malformed(&ints));
+        }
+        Ok(Reply::Decided(Decided { outcome, ints }))
     }
-    Ok(decision)
+
+    /// Redis's time when the script ran, µs.
+    pub(crate) fn redis_now(&self) -> i64 {
+        match self {
+            Reply::Late { redis_now } => *redis_now,
+            Reply::Decided(decided) => decided.ints[NOW],
+        }
+    }
+}
+
+/// Whether `ints`, a decision script's reply not otherwise read (a pass
+/// that holds a slot, whose caller went away), is a pass.
+pub(crate) fn passed(ints: &[i64]) -> bool {
+    ints.first() == Some(&PASSED)
+}
+
+impl Decided {
+    fn head(&self, i: usize) -> u64 {
+        self.ints[i].max(0) as u64
+    }
+
+    /// The decision, with the integers after the head as a pass's
+    /// receipt stamps.
+    pub(crate) fn decision(self, cost: u64) -> Decision {
+        let u = |i| self.head(i);
+        let (limit, used, reset, retry, now) = (u(1), u(2), u(3), u(4), u(NOW));
+        let decision = match self.outcome {
+            Outcome::Passed => {
+                let stamps = self.ints[HEAD..].iter().map(|&s| s.max(0) as u64);
+                Decision::allowed(limit, used, reset, now).with_receipt(Receipt::of(cost, stamps))
+            }
+            Outcome::Rejected => Decision::rejected(limit, used, reset, now, retry),
+            Outcome::Blocked | Outcome::BlockStarted => {
+                Decision::rejected(limit, used, reset, now, retry).blocked_until(reset)
+            }
+        };
+        decision.reporting(u(6) as usize)
+    }
+
+    /// A leaky bucket's reply: the head, then on a pass the slot end (the
+    /// receipt's stamp) and the wait before leaving, µs.
+    pub(crate) fn shaped(mut self, cost: u64) -> Result<Decision, StoreError> {
+        if self.outcome != Outcome::Passed {
+            return Ok(self.decision(cost));
+        }
+        if self.ints.len() != HEAD + 2 {
+            return Err(StoreError::protocol(
+                "leaky bucket reply without slot and delay",
+            ));
+        }
+        let delay = self.ints.pop().map_or(0, |d| d.max(0) as u64);
+        Ok(self.decision(cost).delayed(delay))
+    }
+
+    /// A lease script's reply: the decision, and on a pass the units
+    /// leased beyond it, after its one stamp.
+    pub(crate) fn leased(mut self, cost: u64) -> Result<(Decision, u64), StoreError> {
+        if self.outcome != Outcome::Passed {
+            return Ok((self.decision(cost), 0));
+        }
+        if self.ints.len() != HEAD + 2 {
+            return Err(StoreError::protocol(format!(
+                "malformed lease reply {:?}",
+                self.ints
+            )));
+        }
+        let leased = self.ints.pop().map_or(0, |n| n.max(0) as u64);
+        Ok((self.decision(cost), leased))
+    }
 }
 
 #[cfg(test)]
@@ -158,6 +252,43 @@ mod tests {
             Value::Nil,
         ] {
             assert!(integers(bad.clone()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_reply_is_read_once_into_its_outcome_and_redis_time() {
+        let ints = |v: &[i64]| Ints::from_slice(v);
+        let late = Reply::read(ints(&[-2, 1_700])).unwrap();
+        assert!(matches!(late, Reply::Late { redis_now: 1_700 }));
+        let rows = [
+            (1, Outcome::Passed),
+            (0, Outcome::Rejected),
+            (2, Outcome::Blocked),
+            (3, Outcome::BlockStarted),
+        ];
+        for (head, outcome) in rows {
+            let reply =
+                Reply::read(ints(&[head, 5, 5, 9_000_000, 4_000_000, 5_000_000, 0])).unwrap();
+            assert_eq!(reply.redis_now(), 5_000_000);
+            let Reply::Decided(decided) = reply else {
+                panic!("{head}: not decided")
+            };
+            assert_eq!(decided.outcome, outcome);
+            let decision = decided.decision(1);
+            assert_eq!(decision.allowed, outcome == Outcome::Passed, "{head}");
+            assert_eq!(
+                decision.blocked,
+                matches!(outcome, Outcome::Blocked | Outcome::BlockStarted)
+            );
+        }
+        for bad in [
+            &[][..],
+            &[7, 1, 1, 1, 1, 1, 0],
+            &[1, 5, 5],
+            &[0, -3, 5, 1, 1, 1, 0],
+            &[-2],
+        ] {
+            assert!(Reply::read(ints(bad)).is_err(), "{bad:?}");
         }
     }
 

@@ -8,8 +8,9 @@ use tokio::sync::oneshot;
 use super::{unsent, Answer, Shared, Slot};
 use crate::error::StoreError;
 use crate::store::keys::KeyList;
+use crate::store::redis::args;
 use crate::store::redis::connection::Connection;
-use crate::store::redis::reply::lone_answer;
+use crate::store::redis::reply::{self, lone_answer};
 use crate::store::redis::script::Args;
 use crate::store::redis::script::{LuaScript, SCRIPTS};
 
@@ -113,7 +114,7 @@ pub(super) fn unheard_pass(
     ints: &[i64],
 ) -> Option<Unheard> {
     let (script, args) = SCRIPTS.give_back_of(script, args)?;
-    let took = ints.first() == Some(&1) && args.get(1).is_some_and(|&cost| cost > 0);
+    let took = reply::passed(ints) && args::cost_of(&args) > 0;
     took.then_some(Unheard { script, keys, args })
 }
 

@@ -37,7 +37,6 @@ mod wire;
 
 pub(crate) use held::eval_holding;
 use held::{spawn_holding, Answered, Held};
-pub(crate) use wire::with_until;
 use wire::{deliver, send_one_script};
 
 /// Calls on their way to one server before decisions queue, by default:
@@ -217,7 +216,7 @@ impl Batcher {
             if state.in_flight < self.shared.max_in_flight {
                 state.in_flight += 1;
                 if !gives_back {
-                    with_until(&mut args, until);
+                    super::args::with_until(&mut args, until);
                 }
                 // Hands the slot on when the call ends, or is cancelled.
                 Route::Alone(keys, args, Slot(self.shared.clone()))

@@ -8,6 +8,7 @@ use redis::{ToRedisArgs, Value};
 use super::held::{unheard_pass, Unheard};
 use super::{Answer, Job};
 use crate::error::StoreError;
+use crate::store::redis::args;
 use crate::store::redis::connection::Connection;
 use crate::store::redis::reply::{self, lone_answer};
 use crate::store::redis::script::{LuaScript, SCRIPTS};
@@ -24,7 +25,7 @@ pub(super) async fn send_one_script(
     let Some(batch) = batch.filter(|_| jobs.len() > 1) else {
         for mut job in jobs {
             if !job.gives_back {
-                with_until(&mut job.args, job.until);
+                args::with_until(&mut job.args, job.until);
             }
             let reply = conn.eval(job.script, &job.keys, &job.args, false).await;
             let answer = lone_answer(job.script, reply);
@@ -214,16 +215,4 @@ fn answers(reply: Value, n: usize) -> Result<Vec<Answer>, Failure> {
         )));
     }
     Ok(answers)
-}
-
-/// A lone charge's arguments with its `until` (lua/timed.lua): folded into
-/// `now` (`ARGV[1]`), which then reads `-until` instead of -1 (Redis TIME),
-/// so the deadline costs Redis no argument of its own. A store with a clock
-/// of its own sends its `now` and keeps no deadline in lone calls.
-pub(crate) fn with_until(args: &mut [i64], until: i64) {
-    if let Some(now) = args.first_mut() {
-        if *now == -1 && until > 1 {
-            *now = -until;
-        }
-    }
 }
