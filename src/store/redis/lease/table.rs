@@ -1,160 +1,50 @@
-//! Leased quotas on the Redis store (opt in with
-//! [`RedisStoreBuilder::leases`](super::RedisStoreBuilder::leases)): a hot
-//! caller's decisions are made in this process from a slice of its budget
-//! that Redis charged first.
-//!
-//! A caller decided often enough on this server (see [`Leases`]) gets a
-//! lease with its next decision: the strategy's lease script
-//! (`lua/<strategy>_lease.lua`, one `EVALSHA`) decides the request exactly
-//! as the strategy's own script would, and on a pass also charges up to L
-//! more units, never more than half of what the caller has left. The
-//! server then spends those units in memory ([`Store::check_now`] answers
-//! from them), and gives back what it did not spend when the lease ends,
-//! in one refund call. Callers seen rarely go to Redis per decision, with
-//! the strategy's own script, as without leases.
-//!
-//! One lease request is in flight per caller and server; requests that
-//! find it in flight wait for it (at most one span), then spend from the
-//! new lease or go to Redis alone.
-//!
-//! [`Store::check_now`]: crate::Store::check_now
+//! This server's leases, in process: which callers are hot, the lease in
+//! hand for each, spending it, taking units back into it, and what an
+//! ended lease leaves to give back. Nothing here calls Redis; the store's
+//! lease calls (`lease/mod.rs`) do.
 
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use foldhash::fast::RandomState;
 use hashbrown::{Equivalent, HashMap};
 use tokio::sync::Semaphore;
 
-use super::{args, local_micros, reply, Inner, RedisStore};
+use super::Leases;
 use crate::decision::{Decision, Receipt};
-use crate::error::StoreError;
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::strategy::lease::{self, Spending};
-
-/// How the Redis store leases hot callers' budgets; off unless given to
-/// [`RedisStoreBuilder::leases`](super::RedisStoreBuilder::leases).
-///
-/// Leases apply to fixed window, aligned window (one quota each) and GCRA
-/// policies; other policies decide in Redis every time.
-///
-/// A caller is *hot* on this server once it was decided `hot_after` times
-/// within the last one to two spans. A lease asks for as many units as the
-/// caller used here in a span (at least 1, at most `max_units`), and Redis
-/// grants at most half of what the caller has left after the request that
-/// asked. A lease ends when its window ends (GCRA: when it has decayed),
-/// when `lifetime` has passed since it was granted, or when the caller
-/// has been quiet for `quiet_after`; what is unspent then is given back.
-///
-/// ```
-/// use std::{num::NonZeroU32, time::Duration};
-/// use tollgate::Leases;
-///
-/// let leases = Leases::new()
-///     .hot_after(NonZeroU32::new(8).unwrap())
-///     .span(Duration::from_millis(100))
-///     .max_units(NonZeroU32::new(1_000).unwrap());
-/// # let _ = leases;
-/// ```
-#[derive(Debug, Clone)]
-pub struct Leases {
-    hot_after: u64,
-    span: u64,
-    max_units: u64,
-    lifetime: u64,
-    quiet_after: u64,
-}
-
-impl Default for Leases {
-    /// Hot after 8 decisions, a span of 100 ms, at most 1,000 units a
-    /// lease, a lifetime of 1 s, given back after 500 ms of quiet.
-    fn default() -> Self {
-        Self {
-            hot_after: 8,
-            span: 100_000,
-            max_units: 1_000,
-            lifetime: 1_000_000,
-            quiet_after: 500_000,
-        }
-    }
-}
-
-/// `d` in µs, at least 1.
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-impl Leases {
-    /// The defaults (see [`Leases::default`]).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// How many decisions of one caller on this server, within the last
-    /// one to two spans, make it hot.
-    pub fn hot_after(mut self, decisions: NonZeroU32) -> Self {
-        self.hot_after = u64::from(decisions.get());
-        self
-    }
-
-    /// How long a lease should last at the caller's recent rate on this
-    /// server; also the period over which that rate is counted.
-    pub fn span(mut self, span: Duration) -> Self {
-        self.span = micros(span);
-        self
-    }
-
-    /// The most units one lease may ask for.
-    pub fn max_units(mut self, units: NonZeroU32) -> Self {
-        self.max_units = u64::from(units.get());
-        self
-    }
-
-    /// The longest a lease is kept, however much is left of its window.
-    pub fn lifetime(mut self, lifetime: Duration) -> Self {
-        self.lifetime = micros(lifetime);
-        self
-    }
-
-    /// How long a lease may go unused before it is given back.
-    pub fn quiet_after(mut self, quiet: Duration) -> Self {
-        self.quiet_after = micros(quiet);
-        self
-    }
-}
+use crate::strategy::lease::Spending;
 
 /// A lease in hand: units Redis charged to the caller, spent here.
 #[derive(Debug)]
-struct Lease {
-    policy: Policy,
-    spending: Spending,
+pub(super) struct Lease {
+    pub(super) policy: Policy,
+    pub(super) spending: Spending,
     /// Units not yet spent (a GCRA lease loses more to decay, see
     /// [`Spending::decayed`]).
-    units: u64,
+    pub(super) units: u64,
     /// Units spent from it and not refunded: what a refund may put back.
-    spent: u64,
+    pub(super) spent: u64,
     /// When the lease was asked for (this server's lease clock, µs).
-    asked_at: u64,
+    pub(super) asked_at: u64,
     /// When it ends, at the latest (lease clock, µs).
-    ends_at: u64,
+    pub(super) ends_at: u64,
     /// When its window ends (lease clock, µs; GCRA: never).
-    window_ends_at: u64,
+    pub(super) window_ends_at: u64,
     /// The refund stamp of what the lease charged.
-    stamp: u64,
-    limit: u64,
+    pub(super) stamp: u64,
+    pub(super) limit: u64,
     /// What Redis had left of the limit once the lease was charged, moved
     /// by what this server settled or refunded in Redis since in the
     /// lease's window; below zero when settles overspent it.
-    left_in_redis: i64,
+    pub(super) left_in_redis: i64,
     /// `Reset` from Redis, store time, µs.
-    reset_at: u64,
+    pub(super) reset_at: u64,
     /// Redis's (or the store clock's) time when the lease was charged, µs.
-    store_now: u64,
-    last_used: u64,
+    pub(super) store_now: u64,
+    pub(super) last_used: u64,
 }
 
 impl Lease {
@@ -243,15 +133,15 @@ impl Lease {
 /// An ended lease whose unspent units are to go back to Redis.
 #[derive(Debug)]
 pub(crate) struct Returning {
-    lease: Lease,
-    key: Key,
+    pub(super) lease: Lease,
+    pub(super) key: Key,
 }
 
 impl Returning {
     /// Units to give back at `now`: nothing once the window has ended (the
     /// units went with it); a GCRA lease goes on decaying until the call
     /// is sent, as the bucket goes on refilling.
-    fn units_at(&self, now: u64) -> u64 {
+    pub(super) fn units_at(&self, now: u64) -> u64 {
         if now >= self.lease.window_ends_at {
             return 0;
         }
@@ -259,7 +149,7 @@ impl Returning {
     }
 
     /// The refund's receipt for `units`.
-    fn receipt(&self, units: u64) -> Receipt {
+    pub(super) fn receipt(&self, units: u64) -> Receipt {
         let stamp = match self.lease.spending {
             Spending::Window => self.lease.stamp,
             // GCRA's refund moves the TAT back by the units, never before
@@ -337,7 +227,7 @@ const SHARDS: usize = 16;
 /// This server's leases and the counts that tell hot callers.
 #[derive(Debug)]
 pub(crate) struct LeaseTable {
-    options: Leases,
+    pub(super) options: Leases,
     shards: Box<[Mutex<HashMap<Name, Entry, RandomState>>]>,
     hasher: RandomState,
     sweeping: AtomicBool,
@@ -451,7 +341,7 @@ impl LeaseTable {
     /// The lease request for `key` has its answer (or was given up):
     /// wakes whoever waits for it. `dry_until`: it got nothing, and no
     /// other is asked for until then.
-    fn refilled(&self, policy: &Policy, key: &Key, dry_until: Option<u64>) {
+    pub(super) fn refilled(&self, policy: &Policy, key: &Key, dry_until: Option<u64>) {
         let refill = self
             .shard(key)
             .get_mut(&Self::name_ref(policy, key))
@@ -467,7 +357,7 @@ impl LeaseTable {
     }
 
     /// Puts a new lease in hand; what the old one leaves is to be given back.
-    fn install(&self, key: &Key, lease: Lease, now: u64) -> Option<Returning> {
+    pub(super) fn install(&self, key: &Key, lease: Lease, now: u64) -> Option<Returning> {
         let mut shard = self.shard(key);
         let entry = shard.entry(Self::name(&lease.policy, key)).or_default();
         let old = entry.lease.replace(lease);
@@ -569,7 +459,7 @@ impl LeaseTable {
     }
 
     /// Ends `key`'s lease now: what it leaves to give back.
-    fn end(&self, policy: &Policy, key: &Key, now: u64) -> Option<Returning> {
+    pub(super) fn end(&self, policy: &Policy, key: &Key, now: u64) -> Option<Returning> {
         let mut shard = self.shard(key);
         let entry = shard.get_mut(&Self::name_ref(policy, key))?;
         entry.lease.take()?.returning(key.clone(), now)
@@ -588,7 +478,7 @@ impl LeaseTable {
     /// Ends the leases that ended by `now` or whose caller went quiet
     /// (every lease when `all`), and forgets callers long unseen: what
     /// they leave to give back.
-    fn sweep(&self, now: u64, all: bool) -> Vec<Returning> {
+    pub(super) fn sweep(&self, now: u64, all: bool) -> Vec<Returning> {
         let quiet = self.options.quiet_after;
         let forget_after = quiet.max(2 * self.options.span);
         let mut returning = Vec::new();
@@ -611,19 +501,19 @@ impl LeaseTable {
     }
 
     /// Whether a sweeper task runs; starts one the first time.
-    fn start_sweeping(&self) -> bool {
+    pub(super) fn start_sweeping(&self) -> bool {
         !self.sweeping.swap(true, Ordering::Relaxed)
     }
 }
 
 /// Ends a lease request when dropped, answered or not: who waits for it
 /// goes on.
-struct Refill<'a> {
-    table: &'a LeaseTable,
-    policy: &'a Policy,
-    key: &'a Key,
+pub(super) struct Refill<'a> {
+    pub(super) table: &'a LeaseTable,
+    pub(super) policy: &'a Policy,
+    pub(super) key: &'a Key,
     /// Until when no other lease is asked for, unless one was granted.
-    dry_until: Option<u64>,
+    pub(super) dry_until: Option<u64>,
 }
 
 impl Drop for Refill<'_> {
@@ -632,327 +522,11 @@ impl Drop for Refill<'_> {
     }
 }
 
-impl RedisStore {
-    /// The lease table, if this store leases and `policy` can.
-    fn leasing(&self, policy: &Policy, cost: u64) -> Option<&LeaseTable> {
-        let table = self.inner.leases.as_ref()?;
-        (cost > 0 && lease::spending(policy).is_some()).then_some(table)
-    }
-
-    /// Time on the leases' clock, µs: the store's clock if it was given
-    /// one, else this machine's monotonic clock (a lease's times are then
-    /// counted from when it was asked for, before Redis charged it, so it
-    /// ends no later than Redis would have it end).
-    pub(super) fn lease_now(&self) -> u64 {
-        match &self.inner.clock {
-            Some(clock) => clock.now_micros(),
-            None => local_micros(Instant::now()).max(0) as u64,
-        }
-    }
-
-    /// The Redis store's `check_now`: a decision from the lease in hand.
-    pub(super) fn spend_lease(&self, policy: &Policy, key: &Key, cost: u64) -> Option<Decision> {
-        let table = self.leasing(policy, cost)?;
-        table.spend(policy, key, cost, self.lease_now())
-    }
-
-    /// A refund the lease in hand takes back, without a call.
-    pub(super) fn refund_to_lease(&self, policy: &Policy, key: &Key, receipt: &Receipt) -> bool {
-        self.leasing(policy, receipt.cost())
-            .is_some_and(|table| table.refund(policy, key, receipt, self.lease_now()))
-    }
-
-    /// A settle's part the lease in hand takes (see [`LeaseTable::settle`]):
-    /// the actual cost left for Redis. A GCRA lease is given back first:
-    /// Redis then judges the settle on the bucket the memory store would
-    /// hold (GCRA floors a settle at the pass's own TAT, which a lease's
-    /// units would move).
-    pub(super) async fn settle_in_lease(
-        &self,
-        policy: &Policy,
-        key: &Key,
-        receipt: &Receipt,
-        actual: u64,
-    ) -> u64 {
-        let Some(table) = self.leasing(policy, receipt.cost().max(actual)) else {
-            return actual;
-        };
-        if let Some(Spending::Decaying { .. }) = lease::spending(policy) {
-            self.end_lease(policy, key).await;
-            return actual;
-        }
-        table.settle(policy, key, receipt, actual, self.lease_now())
-    }
-
-    /// A refund going to Redis: the lease in hand counts it (see
-    /// [`LeaseTable::refunding_in_redis`]), or, a GCRA lease, is given
-    /// back first (as for [`settle_in_lease`](Self::settle_in_lease)).
-    pub(super) async fn refunding_in_redis(&self, policy: &Policy, key: &Key, receipt: &Receipt) {
-        let Some(table) = self.leasing(policy, receipt.cost()) else {
-            return;
-        };
-        match lease::spending(policy) {
-            Some(Spending::Decaying { .. }) => self.end_lease(policy, key).await,
-            _ => table.refunding_in_redis(policy, key, receipt, self.lease_now()),
-        }
-    }
-
-    /// Drops `key`'s lease on this server (before a reset).
-    pub(super) fn forget_lease(&self, policy: &Policy, key: &Key) {
-        if let Some(table) = &self.inner.leases {
-            table.forget(policy, key);
-        }
-    }
-
-    /// Ends `key`'s lease on this server and gives back what it leaves
-    /// (before an operator changes the caller's rules: the next lease is
-    /// granted under the new ones).
-    pub(super) async fn end_lease(&self, policy: &Policy, key: &Key) {
-        let Some(table) = &self.inner.leases else {
-            return;
-        };
-        if let Some(returning) = table.end(policy, key, self.lease_now()) {
-            let _ = self.return_lease(returning).await;
-        }
-    }
-
-    /// A peek's decision with this server's unspent lease counted as
-    /// remaining, as a decision from the lease would show it.
-    pub(super) fn with_lease_in_hand(
-        &self,
-        policy: &Policy,
-        key: &Key,
-        mut decision: Decision,
-    ) -> Decision {
-        if let Some(table) = self.leasing(policy, 1) {
-            let unspent = table.unspent(policy, key, self.lease_now());
-            decision.remaining = (decision.remaining + unspent).min(decision.limit);
-            decision.used = decision.limit - decision.remaining;
-        }
-        decision
-    }
-
-    /// A charging decision of a leasing store: from the lease in hand, by
-    /// taking a lease, or (`None`) in Redis alone as without leases.
-    pub(super) async fn charge_leasing(
-        &self,
-        policy: &Policy,
-        key: &Key,
-        cost: u64,
-        deadline: Option<Instant>,
-    ) -> Option<Result<Decision, StoreError>> {
-        let table = self.leasing(policy, cost)?;
-        // The sweeper also forgets callers long unseen, leased or not.
-        if table.start_sweeping() {
-            self.sweep_in_background();
-        }
-        let mut waited = false;
-        // Waits for lease requests in flight end a span after the first.
-        let mut give_up = None;
-        loop {
-            let (ask, returning) = table.ask(policy, key, cost, self.lease_now(), waited);
-            if let Some(returning) = returning {
-                // Within the request's deadline: a give-back cut short
-                // still lands, or lapses with its window.
-                let back = self.return_lease(returning);
-                match deadline {
-                    Some(deadline) => {
-                        let _ = tokio::time::timeout_at(deadline.into(), back).await;
-                    }
-                    None => {
-                        let _ = back.await;
-                    }
-                }
-            }
-            match ask {
-                Ask::Spent(decision) => return Some(Ok(decision)),
-                Ask::Plain => return None,
-                Ask::Take { want } => {
-                    return Some(
-                        self.take_lease(table, policy, key, cost, want, deadline)
-                            .await,
-                    )
-                }
-                Ask::Wait(refill) => {
-                    // Closed when the lease request ends.
-                    let span = Duration::from_micros(table.options.span);
-                    let until = *give_up.get_or_insert_with(|| tokio::time::Instant::now() + span);
-                    if tokio::time::timeout_at(until, refill.acquire())
-                        .await
-                        .is_err()
-                    {
-                        return None;
-                    }
-                    waited = true;
-                }
-            }
-        }
-    }
-
-    /// One call of the lease script: this request's decision, and on a pass
-    /// a lease put in hand. The decision's `Remaining` counts the lease.
-    async fn take_lease(
-        &self,
-        table: &LeaseTable,
-        policy: &Policy,
-        key: &Key,
-        cost: u64,
-        want: u64,
-        deadline: Option<Instant>,
-    ) -> Result<Decision, StoreError> {
-        let asked_at = self.lease_now();
-        let mut refill = Refill {
-            table,
-            policy,
-            key,
-            dry_until: Some(asked_at.saturating_add(table.options.span)),
-        };
-        let (script, mut args) = lease::call(policy, self.script_now(), cost, want);
-        args::with_until(&mut args, self.until(deadline));
-        let mut keys = self.inner.keys.quota_keys(policy, key);
-        if policy.has_caller_rules() {
-            self.add_caller_rules(policy, key, &mut keys, &mut args);
-        }
-        let value = self
-            .inner
-            .conn
-            .eval(script, &keys, &args, false)
-            .await
-            .map_err(|err| script.error(err))?;
-        let (mut decision, leased) = self.heard(policy, reply::integers(value)?)?.leased(cost)?;
-        if decision.allowed && leased > 0 {
-            let spending = lease::spending(policy).expect("only leasing policies take leases");
-            let lease_stamp = decision.receipt.stamps().first().copied().unwrap_or(0);
-            let lifetime = asked_at.saturating_add(table.options.lifetime);
-            let window_left = decision.reset_at_micros.saturating_sub(decision.now_micros);
-            let window_ends_at = match spending {
-                Spending::Window => asked_at.saturating_add(window_left),
-                Spending::Decaying { .. } => u64::MAX,
-            };
-            let spent_by = match spending {
-                Spending::Window => window_ends_at,
-                Spending::Decaying { interval } => {
-                    asked_at.saturating_add(leased.saturating_mul(interval))
-                }
-            };
-            let lease = Lease {
-                policy: policy.clone(),
-                spending,
-                units: leased,
-                spent: 0,
-                asked_at,
-                ends_at: lifetime.min(spent_by),
-                window_ends_at,
-                stamp: lease_stamp,
-                limit: decision.limit,
-                left_in_redis: decision.remaining as i64,
-                reset_at: decision.reset_at_micros,
-                store_now: decision.now_micros,
-                last_used: asked_at,
-            };
-            refill.dry_until = None;
-            if let Some(returning) = table.install(key, lease, asked_at) {
-                self.return_in_background(returning);
-            }
-            crate::metrics::lease_taken(policy, leased);
-            tracing::debug!(
-                policy = policy.name(),
-                units = leased,
-                "rate limit lease taken for a hot caller"
-            );
-            decision.remaining = (decision.remaining + leased).min(decision.limit);
-            decision.used = decision.limit - decision.remaining;
-            let stamp = spending.stamp_of_pass(lease_stamp, leased);
-            decision.receipt = Receipt::of(cost, [stamp]);
-        }
-        let scope = policy.strategy().scope_of(decision.quota);
-        Ok(decision.scoped(scope))
-    }
-
-    /// Gives back what an ended lease left, in a task of its own.
-    fn return_in_background(&self, returning: Returning) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let store = self.clone();
-        runtime.spawn(async move { store.return_lease(returning).await });
-    }
-
-    /// One refund call: the unspent units back to the window (or bucket)
-    /// the lease charged.
-    async fn return_lease(&self, returning: Returning) -> Result<u64, StoreError> {
-        let units = returning.units_at(self.lease_now());
-        if units == 0 {
-            return Ok(0);
-        }
-        let (policy, key) = (&returning.lease.policy, &returning.key);
-        match self
-            .refund_in_redis(policy, key, &returning.receipt(units))
-            .await
-        {
-            Ok(()) => {
-                crate::metrics::lease_returned(policy, units);
-                Ok(units)
-            }
-            Err(err) => {
-                tracing::debug!(policy = policy.name(), error = %err,
-                    "could not give back a lease's unspent units; they lapse with its window");
-                Err(err)
-            }
-        }
-    }
-
-    /// A task that ends quiet and lapsed leases every half `quiet_after`,
-    /// while the store lives.
-    fn sweep_in_background(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let Some(table) = &self.inner.leases else {
-            return;
-        };
-        let every = Duration::from_micros((table.options.quiet_after / 2).max(10_000));
-        let store: Weak<Inner> = Arc::downgrade(&self.inner);
-        runtime.spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(inner) = store.upgrade() else { return };
-                let store = RedisStore { inner };
-                store.end_leases(false).await;
-            }
-        });
-    }
-
-    /// Ends leases (all of them, or those lapsed and quiet) and gives back
-    /// what they leave, one refund call each: the units given back.
-    async fn end_leases(&self, all: bool) -> u64 {
-        let Some(table) = &self.inner.leases else {
-            return 0;
-        };
-        let mut given = 0;
-        for returning in table.sweep(self.lease_now(), all) {
-            given += self.return_lease(returning).await.unwrap_or(0);
-        }
-        given
-    }
-
-    /// Gives back every lease this store holds, one refund call each, and
-    /// answers how many units went back: for a graceful shutdown (a store
-    /// dropped holding leases loses them, each at most until its window
-    /// ends). Units whose give-back fails lapse with their window.
-    ///
-    /// ```no_run
-    /// # async fn run(store: tollgate::RedisStore) {
-    /// let given_back = store.return_leases().await;
-    /// # let _ = given_back; }
-    /// ```
-    pub async fn return_leases(&self) -> u64 {
-        self.end_leases(true).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+
     use super::*;
     use crate::quota::Quota;
 
