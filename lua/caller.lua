@@ -20,6 +20,9 @@
 -- ARGV[n - 2]  block, µs: the first block
 -- ARGV[n - 1]  cap, µs: the longest block; each block after the first
 --              doubles up to it
+-- Before those, when `at` > 0: an operator's cap on every caller, its
+-- limit per quota, then how many (0: none). An override with a limit above
+-- the cap's is set aside while the cap lasts.
 --
 -- The override key holds `until` (µs, 0 for never) and the strategy's
 -- quota arguments, then `|` and the quotas as the operator gave them:
@@ -44,11 +47,35 @@ local function passes_at(b, r, now)
   return b
 end
 
+-- Whether the override `v` has a limit above the cap's (`cap`, a limit
+-- per quota): the quotas after `|` read `until limit window ...`.
+local function above(v, cap)
+  if not cap then return false end
+  local i, q = 0, 0
+  for x in string.gmatch(string.match(v, '|(.*)$') or '', '%S+') do
+    i = i + 1
+    if i % 2 == 0 then
+      q = q + 1
+      if cap[q] and x + 0 > cap[q] then return true end
+    end
+  end
+  return false
+end
+
 local function with_caller(inner)
   return function(KEYS, ARGV, dry_run)
     local n, nk = #ARGV, #KEYS
     local at, penalty = ARGV[n] + 0, nil
-    if at < 0 then at, penalty = -at - 1, n - 4 end
+    local last = n - 1
+    if at < 0 then at, penalty, last = -at - 1, n - 4, n - 5 end
+    local cap = nil
+    if at > 0 then
+      local count = ARGV[last] + 0
+      if count > 0 then
+        cap = {}
+        for i = 1, count do cap[i] = ARGV[last - count + i - 1] + 0 end
+      end
+    end
     local box, override = nil, nil
     if penalty then box = KEYS[nk]; KEYS[nk] = nil; nk = nk - 1 end
     if at > 0 then override = KEYS[nk]; KEYS[nk] = nil end
@@ -64,7 +91,7 @@ local function with_caller(inner)
       local v = redis.call('GET', override)
       if v then
         local untl, args = string.match(v, '^(%d+) ([^|]*)|')
-        if untl and (untl + 0 == 0 or untl + 0 > now) then
+        if untl and (untl + 0 == 0 or untl + 0 > now) and not above(v, cap) then
           local i = at
           for a in string.gmatch(args, '%S+') do
             ARGV[i] = a

@@ -251,6 +251,16 @@ pub enum ConfigError {
         /// What is wrong.
         why: String,
     },
+    /// A runtime limit or cap ([`PolicyLimits`](crate::PolicyLimits)) the
+    /// policy cannot take.
+    PolicyLimit {
+        /// The policy.
+        policy: String,
+        /// `"limit"` or `"cap"`.
+        which: &'static str,
+        /// What is wrong.
+        why: String,
+    },
     /// Quotas from the request with bounds that hold no limit.
     RequestLimits {
         /// The lowest limit allowed.
@@ -375,6 +385,9 @@ impl fmt::Display for ConfigError {
             ),
             PenaltyBox { why } => write!(f, "penalty box: {why}"),
             Override { policy, why } => write!(f, "override for policy {policy:?}: {why}"),
+            PolicyLimit { policy, which, why } => {
+                write!(f, "runtime {which} for policy {policy:?}: {why}")
+            }
             RequestLimits { min, max } => write!(
                 f,
                 "limits from the request must lie in 1..=u32::MAX with min <= max, got {min}..={max}"

@@ -62,6 +62,7 @@ mod metrics;
 mod overrides;
 mod penalty;
 mod policy;
+mod policy_limits;
 #[cfg(feature = "queue")]
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
@@ -83,6 +84,7 @@ pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use overrides::Override;
 pub use penalty::PenaltyBox;
 pub use policy::{Policy, Strategy};
+pub use policy_limits::{PolicyLimit, PolicyLimits};
 pub use quota::Quota;
 pub use rate_limiter::RateLimiter;
 #[cfg(feature = "redis")]

@@ -112,6 +112,15 @@ impl Override {
         self.until_micros
     }
 
+    /// Whether any of its quotas' limits is above `cap`'s (a limit per
+    /// quota, see [`PolicyLimits`](crate::PolicyLimits)).
+    pub(crate) fn exceeds(&self, cap: &[u32]) -> bool {
+        self.quotas
+            .iter()
+            .zip(cap)
+            .any(|(q, &most)| q.limit() > most)
+    }
+
     /// Whether the override is in force at `now` (µs).
     pub(crate) fn in_force(&self, now: u64) -> bool {
         self.until_micros.is_none_or(|until| until > now)

@@ -163,7 +163,11 @@ pub struct Policy {
     strategy: Strategy,
     quotas: Arc<[Quota]>,
     overridable: bool,
+    adjustable: bool,
     penalty: Option<PenaltyBox>,
+    /// An operator's cap in force (see [`PolicyLimits`](crate::PolicyLimits)):
+    /// each quota's highest limit, which no override exceeds.
+    cap: Option<Arc<[u32]>>,
 }
 
 impl Policy {
@@ -183,7 +187,9 @@ impl Policy {
             strategy,
             quotas: Arc::from([quota]),
             overridable: false,
+            adjustable: false,
             penalty: None,
+            cap: None,
         }
     }
 
@@ -240,6 +246,33 @@ impl Policy {
         self.overridable
     }
 
+    /// Lets an operator change the limits of every caller at runtime: a
+    /// limit replacing the policy's quotas and a cap nothing exceeds (see
+    /// [`PolicyLimits`](crate::PolicyLimits),
+    /// [`RateLimiter::set_policy_limit`](crate::RateLimiter::set_policy_limit)).
+    /// A Redis store then reads every adjustable policy's limits, one
+    /// `HGETALL` of one hash every half second per app server, apart from
+    /// the decisions; a decision costs no more.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Policy, Quota};
+    /// let q = Quota::per_minute(NonZeroU32::new(100).unwrap());
+    /// assert!(Policy::fixed_window("search", q).adjustable().is_adjustable());
+    /// assert!(!Policy::fixed_window("search", q).is_adjustable());
+    /// ```
+    pub fn adjustable(self) -> Self {
+        Self {
+            adjustable: true,
+            ..self
+        }
+    }
+
+    /// Whether an operator may change every caller's limits at runtime.
+    pub fn is_adjustable(&self) -> bool {
+        self.adjustable
+    }
+
     /// Refuses a caller for a while after repeated rejections: see
     /// [`PenaltyBox`]. On Redis each decision also reads the caller's
     /// entry (`HMGET`), and a rejection writes it (`HSET` + `PEXPIRE`),
@@ -280,7 +313,32 @@ impl Policy {
             strategy,
             quotas,
             overridable: self.overridable,
+            adjustable: self.adjustable,
             penalty: self.penalty,
+            cap: self.cap.clone(),
         }
+    }
+
+    /// The cap in force: each quota's highest limit, which an override
+    /// above it does not pass (it is set aside while the cap lasts).
+    pub(crate) fn cap(&self) -> Option<&[u32]> {
+        self.cap.as_deref()
+    }
+
+    /// This policy under `cap` (a limit per quota): each quota's limit at
+    /// most the cap's, and the cap kept for the caller's own rules.
+    pub(crate) fn capped_by(&self, cap: Arc<[u32]>) -> Policy {
+        let quotas: Vec<Quota> = self
+            .quotas
+            .iter()
+            .zip(cap.iter())
+            .map(|(q, &most)| match q.limit() > most {
+                true => Quota::new(most, q.window()).unwrap_or(*q),
+                false => *q,
+            })
+            .collect();
+        let mut capped = self.with_quotas(quotas.into());
+        capped.cap = Some(cap);
+        capped
     }
 }

@@ -14,6 +14,7 @@ use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
 use crate::overrides::Override;
 use crate::policy::Policy;
+use crate::policy_limits::{PolicyLimit, PolicyLimits};
 use crate::store::Store;
 
 /// A cheap, cloneable handle on one policy's limits: `check`, `peek`,
@@ -516,6 +517,214 @@ fn check_override(policy: &Policy, quotas: &Override) -> Result<(), ConfigError>
     }
     policy
         .with_quotas(quotas.shared_quotas().clone())
+        .validate()
+        .map_err(|e| {
+            let why = e.to_string();
+            invalid(
+                why.trim_start_matches("invalid rate limit configuration: ")
+                    .to_owned(),
+            )
+        })
+}
+
+/// The operator's side for every caller: a policy's limits changed at
+/// runtime ([`PolicyLimits`]).
+impl RateLimiter {
+    /// Replaces the policy's quotas (this limiter's policy or tier's) for
+    /// every caller, optionally until a time ([`Override::until`]): as many
+    /// quotas as the policy has. The memory store applies it at once; on
+    /// Redis it is one `HSET` of one hash (configuration, no expiry), which
+    /// this server applies at once and every other app server within a
+    /// second. A caller's override and a limit from the request beat it;
+    /// the cap beats all (see [`PolicyLimits`]).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Invalid`] when the quotas do not fit the policy
+    /// (nothing is stored); the store's error (a timeout may have landed:
+    /// the write is idempotent, repeat it).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Override, Policy, Quota, RateLimiter};
+    /// let per_min = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+    /// let search = RateLimiter::new(Policy::fixed_window("search", per_min(100)).adjustable(), MemoryStore::new()).unwrap();
+    /// search.set_policy_limit(Override::new(per_min(10))).await.unwrap(); // an incident
+    /// assert_eq!(search.check(&Key::new("anyone"), 1).await.unwrap().limit, 10);
+    /// assert!(search.clear_policy_limit().await.unwrap());
+    /// assert_eq!(search.check(&Key::new("anyone"), 1).await.unwrap().limit, 100);
+    /// # }
+    /// ```
+    pub async fn set_policy_limit(&self, limit: Override) -> Result<(), AdminError> {
+        self.change_policy_limit(PolicyLimit::Limit, Some(limit))
+            .await
+    }
+
+    /// Caps every quota's limit for every caller, optionally until a time:
+    /// nothing exceeds it, not the runtime limit, a caller's override (an
+    /// override above the cap is set aside while it lasts) or a limit from
+    /// the request. Give the policy's quotas' windows, one limit each. Load
+    /// shedding during an incident. Cost and reach as
+    /// [`set_policy_limit`](Self::set_policy_limit).
+    ///
+    /// # Errors
+    ///
+    /// As [`set_policy_limit`](Self::set_policy_limit), and when a window
+    /// is not the policy's.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Override, Policy, Quota, RateLimiter};
+    /// let per_min = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+    /// let api = RateLimiter::new(Policy::fixed_window("api", per_min(100)).overridable().adjustable(), MemoryStore::new()).unwrap();
+    /// api.set_override(&Key::new("acme"), Override::new(per_min(1_000))).await.unwrap();
+    /// api.set_policy_cap(Override::new(per_min(50))).await.unwrap();
+    /// assert_eq!(api.check(&Key::new("acme"), 1).await.unwrap().limit, 50);
+    /// # }
+    /// ```
+    pub async fn set_policy_cap(&self, cap: Override) -> Result<(), AdminError> {
+        self.change_policy_limit(PolicyLimit::Cap, Some(cap)).await
+    }
+
+    /// Clears the runtime limit: the policy's own quotas judge again.
+    /// `true` if one was in force. On Redis an `HGETALL` and an `HDEL`.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Policy, Quota, RateLimiter};
+    /// let limiter = RateLimiter::new(Policy::fixed_window("api", Quota::per_minute(NonZeroU32::MIN)), MemoryStore::new()).unwrap();
+    /// assert!(!limiter.clear_policy_limit().await.unwrap(), "none was set");
+    /// # }
+    /// ```
+    pub async fn clear_policy_limit(&self) -> Result<bool, StoreError> {
+        self.clear(PolicyLimit::Limit).await
+    }
+
+    /// Clears the cap. `true` if one was in force.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Policy, Quota, RateLimiter};
+    /// let limiter = RateLimiter::new(Policy::fixed_window("api", Quota::per_minute(NonZeroU32::MIN)), MemoryStore::new()).unwrap();
+    /// assert!(!limiter.clear_policy_cap().await.unwrap());
+    /// # }
+    /// ```
+    pub async fn clear_policy_cap(&self) -> Result<bool, StoreError> {
+        self.clear(PolicyLimit::Cap).await
+    }
+
+    /// The runtime limit and cap in force, as the store holds them (on
+    /// Redis one `HGETALL`). The quotas the policy was built with are
+    /// [`policy`](Self::policy)'s.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Policy, PolicyLimits, Quota, RateLimiter};
+    /// let limiter = RateLimiter::new(Policy::fixed_window("api", Quota::per_minute(NonZeroU32::MIN)), MemoryStore::new()).unwrap();
+    /// assert_eq!(limiter.policy_limits().await.unwrap(), PolicyLimits::default());
+    /// # }
+    /// ```
+    pub async fn policy_limits(&self) -> Result<PolicyLimits, StoreError> {
+        let core = &*self.core;
+        let read = core.config.store.policy_limits(&core.config.policy);
+        core.within_deadline(read).await.0
+    }
+
+    async fn change_policy_limit(
+        &self,
+        which: PolicyLimit,
+        value: Option<Override>,
+    ) -> Result<(), AdminError> {
+        let core = &*self.core;
+        let policy = &core.config.policy;
+        if let Some(value) = &value {
+            check_policy_limit(policy, which, value)?;
+        }
+        let set = core
+            .config
+            .store
+            .set_policy_limit(policy, which, value.as_ref());
+        core.within_deadline(set).await.0?;
+        crate::metrics::policy_limit_changed(
+            policy,
+            which.as_str(),
+            if value.is_some() { "set" } else { "cleared" },
+        );
+        if let FailurePolicy::Local(local) = &core.config.failure {
+            // Best effort: the fallback judges by the main store's limits.
+            let _ = core
+                .within_deadline(local.set_policy_limit(policy, which, value.as_ref()))
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn clear(&self, which: PolicyLimit) -> Result<bool, StoreError> {
+        let was = self.policy_limits().await?.get(which).is_some();
+        match self.change_policy_limit(which, None).await {
+            Ok(()) => Ok(was),
+            Err(AdminError::Store(err)) => Err(err),
+            Err(AdminError::Invalid(err)) => Err(StoreError::new(
+                crate::error::StoreErrorKind::Rejected,
+                err.to_string(),
+            )),
+        }
+    }
+}
+
+/// Whether `value` fits `policy` as its runtime `which`: one quota per
+/// quota of the policy's, valid for its strategy; a cap's windows the
+/// policy's.
+fn check_policy_limit(
+    policy: &Policy,
+    which: PolicyLimit,
+    value: &Override,
+) -> Result<(), ConfigError> {
+    let invalid = |why: String| ConfigError::PolicyLimit {
+        policy: policy.name().to_owned(),
+        which: which.as_str(),
+        why,
+    };
+    if !policy.is_adjustable() {
+        return Err(invalid(
+            "the policy's limits are fixed; build it with Policy::adjustable".into(),
+        ));
+    }
+    if value.quotas().len() != policy.quotas().len() {
+        return Err(invalid(format!(
+            "the policy has {} quota(s), the {} {}",
+            policy.quotas().len(),
+            which.as_str(),
+            value.quotas().len()
+        )));
+    }
+    if which == PolicyLimit::Cap {
+        let windows = |qs: &[crate::Quota]| qs.iter().map(|q| q.window()).collect::<Vec<_>>();
+        if windows(value.quotas()) != windows(policy.quotas()) {
+            return Err(invalid(
+                "give the policy's windows, one limit for each".into(),
+            ));
+        }
+    }
+    policy
+        .with_quotas(value.shared_quotas().clone())
         .validate()
         .map_err(|e| {
             let why = e.to_string();

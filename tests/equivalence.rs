@@ -18,7 +18,7 @@ use tollgate::clock::ManualClock;
 use tollgate::decision::Receipt;
 use tollgate::store::Leases;
 use tollgate::{
-    Decision, Key, MemoryStore, Override, PenaltyBox, Policy, Quota, RedisStore, Store,
+    Decision, Key, MemoryStore, Override, PenaltyBox, Policy, PolicyLimit, Quota, RedisStore, Store,
 };
 
 /// One runtime for every case, so the shared connection's tasks keep running.
@@ -80,7 +80,7 @@ fn policies_with_caller_rules() -> Vec<Policy> {
     .unwrap();
     policies()
         .into_iter()
-        .map(|p| p.overridable().with_penalty_box(penalty))
+        .map(|p| p.overridable().adjustable().with_penalty_box(penalty))
         .collect()
 }
 
@@ -124,6 +124,14 @@ enum Op {
     ClearOverride {
         key: u8,
     },
+    /// Replace the policy's quotas for every caller (issue 41), or clear.
+    PolicyLimit {
+        limit: Option<u32>,
+    },
+    /// Cap every caller (issue 41), or clear the cap.
+    PolicyCap {
+        limit: Option<u32>,
+    },
 }
 
 /// [`op`], and now and then an operator's change to an override.
@@ -132,6 +140,8 @@ fn op_with_overrides() -> impl Strategy<Value = Op> {
         9 => op(),
         1 => (0..3u8, 1..8u32).prop_map(|(key, limit)| Op::SetOverride { key, limit }),
         1 => (0..3u8).prop_map(|key| Op::ClearOverride { key }),
+        1 => prop::option::of(1..8u32).prop_map(|limit| Op::PolicyLimit { limit }),
+        1 => prop::option::of(1..8u32).prop_map(|limit| Op::PolicyCap { limit }),
     ]
 }
 
@@ -191,16 +201,19 @@ async fn replay(
             clock.advance(Duration::from_micros(gap));
             let mut answers = Vec::new();
             for (s, store) in stores.iter().enumerate() {
+                // Judged by the limits set at runtime, as a layer judges.
+                let judged = store.judge_policy(&policy);
+                let judged = judged.as_ref().unwrap_or(&policy);
                 let answer = match op {
                     Op::Check { key, cost } => {
                         let key = Key::new(format!("k{key}"));
-                        let d = store.check(&policy, &key, cost).await.unwrap();
+                        let d = store.check(judged, &key, cost).await.unwrap();
                         receipts[s].push((key, d.receipt.clone()));
                         Some(d)
                     }
                     Op::Peek { key } => Some(
                         store
-                            .peek(&policy, &Key::new(format!("k{key}")))
+                            .peek(judged, &Key::new(format!("k{key}")))
                             .await
                             .unwrap(),
                     ),
@@ -228,6 +241,19 @@ async fn replay(
                     Op::ClearOverride { key } => {
                         let key = Key::new(format!("k{key}"));
                         store.clear_override(&policy, &key).await.unwrap();
+                        None
+                    }
+                    Op::PolicyLimit { limit } | Op::PolicyCap { limit } => {
+                        let which = match op {
+                            Op::PolicyLimit { .. } => PolicyLimit::Limit,
+                            _ => PolicyLimit::Cap,
+                        };
+                        // The policy's windows, as a cap must keep.
+                        let value = limit.map(|limit| override_of(&policy, limit));
+                        store
+                            .set_policy_limit(&policy, which, value.as_ref())
+                            .await
+                            .unwrap();
                         None
                     }
                 };

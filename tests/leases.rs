@@ -589,3 +589,43 @@ async fn a_block_started_by_a_lease_request_is_counted() {
         )]
     );
 }
+
+/// Issue 41: a lease granted under a policy's old quotas is not spent by a
+/// request judged by a runtime limit set since: it ends, its unspent units
+/// go back, and Redis judges the request by the new limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_granted_under_an_older_quota_ends_when_the_policy_limit_changes() {
+    let clock = ManualClock::new(T0);
+    let prefix = unique_prefix("lease-policy-limit");
+    let server = store(&shared_url(), &prefix, &clock, Some(leases())).await;
+    let reader = store(&shared_url(), &prefix, &clock, None).await;
+    let policy = Policy::fixed_window("core", per_minute(100)).adjustable();
+    let bob = Key::new("bob");
+    for _ in 0..4 {
+        assert!(decide(&server, &policy, &bob).await.allowed);
+    }
+    assert_eq!(
+        used_in_redis(&reader, &policy, &bob).await,
+        8,
+        "4 and a lease of 4"
+    );
+    let limit = Override::new(per_minute(10));
+    server
+        .set_policy_limit(&policy, tollgate::PolicyLimit::Limit, Some(&limit))
+        .await
+        .unwrap();
+    let judged = server.judge_policy(&policy).unwrap();
+    let d = decide(&server, &judged, &bob).await;
+    assert_eq!(
+        (d.allowed, d.limit, d.remaining),
+        (true, 10, 5),
+        "judged by 10 in Redis"
+    );
+    // The old lease's 4 went back; 5 are spent, and a new lease granted
+    // under the new limit holds at most half of the 5 left.
+    let in_redis = used_in_redis(&reader, &policy, &bob).await;
+    assert!(
+        (5..=7).contains(&in_redis),
+        "the old lease went back: {in_redis}"
+    );
+}

@@ -590,3 +590,193 @@ async fn an_override_set_for_a_caller_named_by_key_of_is_honoured_by_its_request
         assert_eq!(header(&response, "x-ratelimit-remaining"), "4", "{what}");
     }
 }
+
+/// Issue 41: a limit for every caller of a policy, set through one app
+/// server, is in force there at once and on another server on one Redis
+/// at its next read of the limits (every half second): within a second.
+/// Clearing it goes back to the quotas the policy was built with; the cap
+/// beats a caller's override. Headers and peeks show the limit in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_limit_set_through_one_server_reaches_the_other_within_a_second() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = Policy::fixed_window("search", per_minute(100))
+        .overridable()
+        .adjustable();
+    let layer = |store| {
+        RateLimitLayer::builder()
+            .policy(policy.clone())
+            .key(api_key)
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let a_layer = layer(app_server(&redis, "pl", &clock).await);
+    let b_layer = layer(app_server(&redis, "pl", &clock).await);
+    let (a, b) = (a_layer.limiter(), b_layer.limiter());
+    let (a_app, b_app) = (app(a_layer), app(b_layer));
+    // Both read the limits once before the change.
+    assert_eq!(
+        header(&get_as(&b_app, "ann", None).await, "x-ratelimit-limit"),
+        "100"
+    );
+
+    a.set_policy_limit(Override::new(per_minute(10)))
+        .await
+        .unwrap();
+    let set_at = std::time::Instant::now();
+    assert_eq!(
+        header(&get_as(&a_app, "ann", None).await, "x-ratelimit-limit"),
+        "10",
+        "at once on the server that set it"
+    );
+    let seen = loop {
+        let limit = header(&get_as(&b_app, "bob", None).await, "x-ratelimit-limit");
+        if limit == "10" || set_at.elapsed() > Duration::from_secs(5) {
+            break set_at.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        seen < Duration::from_millis(1_500),
+        "the other server saw it after {seen:?}"
+    );
+    assert_eq!(
+        b.peek(&Key::new("ann")).await.unwrap().limit,
+        10,
+        "peeks show it"
+    );
+    assert_eq!(
+        b.policy_limits().await.unwrap().limit,
+        Some(Override::new(per_minute(10)))
+    );
+
+    // A cap over an override: the override above it is set aside.
+    a.set_override(&Key::new("vip"), Override::new(per_minute(1_000)))
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&get_as(&a_app, "vip", None).await, "x-ratelimit-limit"),
+        "1000"
+    );
+    a.set_policy_cap(Override::new(per_minute(5)))
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&get_as(&a_app, "vip", None).await, "x-ratelimit-limit"),
+        "5"
+    );
+
+    assert!(a.clear_policy_cap().await.unwrap());
+    assert!(a.clear_policy_limit().await.unwrap());
+    assert!(
+        !a.clear_policy_limit().await.unwrap(),
+        "nothing left to clear"
+    );
+    assert_eq!(
+        header(&get_as(&a_app, "ann", None).await, "x-ratelimit-limit"),
+        "100"
+    );
+    assert_eq!(
+        a.policy_limits().await.unwrap(),
+        tollgate::PolicyLimits::default()
+    );
+}
+
+/// Issue 41: while Redis cannot be reached, a server keeps judging by the
+/// last runtime limits it read (its local fallback too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_outage_a_server_keeps_the_last_limits_it_knew() {
+    let mut redis = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = Policy::fixed_window("search", per_minute(100)).adjustable();
+    let layer = RateLimitLayer::builder()
+        .policy(policy.clone())
+        .key(api_key)
+        .store(app_server(&redis, "out", &clock).await)
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let app = app(layer);
+    limiter
+        .set_policy_limit(Override::new(per_minute(7)))
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&get_as(&app, "ann", None).await, "x-ratelimit-limit"),
+        "7"
+    );
+    redis.stop();
+    // Past a read of the limits that fails.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let during = get_as(&app, "ann", None).await;
+    assert_eq!(during.status(), StatusCode::OK);
+    assert_eq!(header(&during, "x-ratelimit-fallback"), "local");
+    assert_eq!(
+        header(&during, "x-ratelimit-limit"),
+        "7",
+        "the last limit known"
+    );
+}
+
+/// Issue 41's precedence with a limit that came with the request: it beats
+/// the policy's runtime limit, and the cap beats it.
+#[tokio::test]
+async fn a_limit_from_the_request_beats_the_policy_limit_and_the_cap_beats_it() {
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::fixed_window("api", per_minute(100)).adjustable())
+        .key(api_key)
+        .limit_from_request(1..=1_000, |parts| {
+            parts.headers.get("x-plan")?.to_str().ok()?.parse().ok()
+        })
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let app = app(layer);
+    limiter
+        .set_policy_limit(Override::new(per_minute(10)))
+        .await
+        .unwrap();
+    let limit = |r: axum::response::Response| header(&r, "x-ratelimit-limit");
+    assert_eq!(
+        limit(get_as(&app, "ann", None).await),
+        "10",
+        "the runtime limit"
+    );
+    assert_eq!(
+        limit(get_as(&app, "ann", Some("500")).await),
+        "500",
+        "the request's beats it"
+    );
+    limiter
+        .set_policy_cap(Override::new(per_minute(50)))
+        .await
+        .unwrap();
+    assert_eq!(
+        limit(get_as(&app, "ann", Some("500")).await),
+        "50",
+        "the cap beats the request's"
+    );
+    assert_eq!(
+        limit(get_as(&app, "ann", None).await),
+        "10",
+        "under the cap, the runtime limit"
+    );
+    limiter
+        .set_policy_limit(Override::new(per_minute(80)))
+        .await
+        .unwrap();
+    assert_eq!(
+        limit(get_as(&app, "ann", None).await),
+        "50",
+        "the cap beats the runtime limit"
+    );
+    limiter.clear_policy_cap().await.unwrap();
+    limiter.clear_policy_limit().await.unwrap();
+    assert_eq!(
+        limit(get_as(&app, "ann", None).await),
+        "100",
+        "the quotas it was built with"
+    );
+}

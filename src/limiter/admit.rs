@@ -206,6 +206,9 @@ impl Limiter {
     /// Throttling mode and the cache of known rejections, which may answer
     /// without the store.
     fn ask_local_deciders(&self, key: &Key, cost: u64) -> Step<()> {
+        self.running
+            .local
+            .limits_are(self.config.store.policy_limits_version());
         let answer =
             self.running
                 .local
@@ -228,12 +231,22 @@ impl Limiter {
         }
     }
 
-    /// The policy with the limit this request brought, if it brought one
-    /// (see [`RateLimitLayerBuilder::limit_from_request`](crate::RateLimitLayerBuilder::limit_from_request)).
+    /// The policy this request is judged by, when it is not the policy as
+    /// built: the limits an operator set at runtime for every caller
+    /// ([`PolicyLimits`](crate::PolicyLimits)), then the limit this request
+    /// brought (see [`RateLimitLayerBuilder::limit_from_request`](crate::RateLimitLayerBuilder::limit_from_request)),
+    /// under the runtime cap.
     fn limit_of(&self, parts: &Parts) -> Option<Policy> {
-        let limits = self.config.request_limit.as_ref()?;
-        let limit = (limits.from)(parts)?.clamp(limits.min, limits.max);
-        Some(self.config.policy.with_caller_limit(limit))
+        let runtime = self.judged_policy();
+        let Some(limits) = self.config.request_limit.as_ref() else {
+            return runtime;
+        };
+        let Some(limit) = (limits.from)(parts) else {
+            return runtime;
+        };
+        let limit = limit.clamp(limits.min, limits.max);
+        let base = runtime.as_ref().unwrap_or(&self.config.policy);
+        Some(base.with_caller_limit(limit))
     }
 
     /// The main store's answer if it gives one without waiting (an
@@ -385,7 +398,9 @@ impl Limiter {
         let err = if self.cooling_down() {
             StoreError::cooling_down()
         } else {
-            let peek = self.config.store.peek(&self.config.policy, key);
+            let judged = self.judged_policy();
+            let policy = judged.as_ref().unwrap_or(&self.config.policy);
+            let peek = self.config.store.peek(policy, key);
             match self.within_deadline(peek).await.0 {
                 Ok(decision) => return Ok(decision),
                 Err(err) => err,
@@ -397,7 +412,8 @@ impl Limiter {
         tracing::debug!(policy = self.config.policy.name(), key = %key.hashed(), error = %err,
             "rate limit store failed a peek; answering from the local fallback");
         self.seed(local, key);
-        let peek = local.peek(&self.config.policy, key);
+        let judged = self.judged_policy();
+        let peek = local.peek(judged.as_ref().unwrap_or(&self.config.policy), key);
         match self.within_deadline(peek).await.0 {
             Ok(mut decision) => {
                 decision.fallback = true;
@@ -433,7 +449,15 @@ impl Limiter {
     /// failure policy applies at once instead of every request waiting out
     /// the deadline against a store that is down or drowning.
     pub(crate) async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        self.ask_main_as(&self.config.policy, key, cost).await
+        let judged = self.judged_policy();
+        let policy = judged.as_ref().unwrap_or(&self.config.policy);
+        self.ask_main_as(policy, key, cost).await
+    }
+
+    /// The policy as the limits set at runtime judge it now, when one is in
+    /// force (see [`Store::judge_policy`](crate::Store::judge_policy)).
+    pub(crate) fn judged_policy(&self) -> Option<Policy> {
+        self.config.store.judge_policy(&self.config.policy)
     }
 
     /// [`ask_main`](Self::ask_main) under `policy` (the layer's, or with a
@@ -478,7 +502,9 @@ impl Limiter {
         key: &Key,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        self.ask_as(&self.config.policy, store, key, cost).await
+        let judged = self.judged_policy();
+        let policy = judged.as_ref().unwrap_or(&self.config.policy);
+        self.ask_as(policy, store, key, cost).await
     }
 
     /// [`ask`](Self::ask) under `policy`.

@@ -134,6 +134,8 @@ pub(crate) struct DecisionCache {
     hasher: RandomState,
     clock: Option<Arc<dyn Clock>>,
     hits: AtomicU64,
+    /// The store's runtime limits' version the entries were learnt under.
+    limits_version: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -163,6 +165,25 @@ impl DecisionCache {
             hasher: RandomState::new(),
             clock: options.clock,
             hits: AtomicU64::new(0),
+            limits_version: AtomicU64::new(0),
+        }
+    }
+
+    /// Forgets every entry when the store's runtime limits changed since
+    /// they were learnt (`version`, see
+    /// [`Store::policy_limits_version`](crate::Store::policy_limits_version)):
+    /// a rejection learnt under other limits may no longer hold.
+    pub(crate) fn limits_are(&self, version: u64) {
+        if self.limits_version.load(Relaxed) == version {
+            return;
+        }
+        self.limits_version.store(version, Relaxed);
+        for shard in self.shards.iter() {
+            shard
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entries
+                .clear();
         }
     }
 

@@ -91,6 +91,14 @@ impl LocalDecisions {
         }
     }
 
+    /// The store's runtime limits are at `version`: what was remembered
+    /// under others is forgotten.
+    pub(crate) fn limits_are(&self, version: u64) {
+        if let Some(cache) = &self.cache {
+            cache.limits_are(version);
+        }
+    }
+
     /// After a refund went through: what was remembered may no longer hold.
     pub(crate) fn refunded(&self, key: &Key) {
         if let Some(cache) = &self.cache {

@@ -22,6 +22,7 @@
 //! | [`tollgate_lease_units_returned_total`](LEASE_UNITS_RETURNED) | counter | `policy` | unspent lease units given back to Redis when their lease ended |
 //! | [`tollgate_settled_units_total`](SETTLED_UNITS) | counter | `policy`, `direction` | units a response's actual cost ([`ActualCost`](crate::ActualCost)) charged beyond the estimate (`charged`) or gave back (`given_back`, refunded `304`s included), counted when the store took them |
 //! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
+//! | [`tollgate_policy_limits_total`](POLICY_LIMITS) | counter | `policy`, `limit`, `change` | runtime limits (`limit`) and caps (`cap`) for every caller an operator `set` or `cleared` |
 //! | [`tollgate_blocks_total`](BLOCKS) | counter | `policy`, `by` | blocks a [penalty box](crate::PenaltyBox) started, `by` the caller's `strikes` or an `operator` |
 //!
 //! Store failures are logged by state, not by call: a warning when the
@@ -70,12 +71,12 @@ use self::recorded as imp;
 )]
 pub(crate) use self::imp::{
     active_callers, block_started, lease_returned, lease_taken, local_cache_hit, override_changed,
-    replica_fallback, script_reload, settled, PolicyMetrics, Stopwatch,
+    policy_limit_changed, replica_fallback, script_reload, settled, PolicyMetrics, Stopwatch,
 };
 pub(crate) use self::outcome::Outcome;
 #[cfg(feature = "metrics")]
 pub use self::recorded::{
     describe, ACTIVE_CALLERS, BLOCKS, DECISIONS, LATENCY_BUCKETS, LEASED_UNITS, LEASES,
-    LEASE_UNITS_RETURNED, LOCAL_CACHE_HITS, OVERRIDES, REPLICA_FALLBACKS, SCRIPT_RELOADS,
-    SETTLED_UNITS, STORE_ERRORS, STORE_LATENCY,
+    LEASE_UNITS_RETURNED, LOCAL_CACHE_HITS, OVERRIDES, POLICY_LIMITS, REPLICA_FALLBACKS,
+    SCRIPT_RELOADS, SETTLED_UNITS, STORE_ERRORS, STORE_LATENCY,
 };

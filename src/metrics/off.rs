@@ -68,4 +68,7 @@ pub(crate) fn active_callers(_policy: &Policy, _estimate: f64) {}
 pub(crate) fn override_changed(_policy: &Policy, _change: &'static str) {}
 
 #[inline]
+pub(crate) fn policy_limit_changed(_policy: &Policy, _limit: &'static str, _change: &'static str) {}
+
+#[inline]
 pub(crate) fn block_started(_policy: &Policy, _by: &'static str) {}

@@ -20,6 +20,14 @@ pub const DECISIONS: &str = "tollgate_decisions_total";
 /// ```
 pub const OVERRIDES: &str = "tollgate_overrides_total";
 
+/// Counter name: runtime limits and caps set or cleared for every caller
+/// of a policy, by `policy`, `limit` (`limit` or `cap`) and `change`.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::POLICY_LIMITS, "tollgate_policy_limits_total");
+/// ```
+pub const POLICY_LIMITS: &str = "tollgate_policy_limits_total";
+
 /// Counter name: penalty-box blocks started, by `policy` and `by`.
 ///
 /// ```
@@ -219,6 +227,11 @@ pub fn describe() {
         "Per-caller quota overrides set or cleared by an operator"
     );
     describe_counter!(
+        POLICY_LIMITS,
+        Unit::Count,
+        "Runtime limits and caps for every caller of a policy, set or cleared by an operator"
+    );
+    describe_counter!(
         BLOCKS,
         Unit::Count,
         "Penalty-box blocks started, by the caller's strikes or an operator"
@@ -414,6 +427,13 @@ pub(crate) fn active_callers(policy: &Policy, estimate: f64) {
 #[inline]
 pub(crate) fn override_changed(policy: &Policy, change: &'static str) {
     ::metrics::counter!(OVERRIDES, "policy" => policy.shared_name().clone(), "change" => change)
+        .increment(1);
+}
+
+/// Counts a runtime limit or cap (`limit`) set or cleared (`change`).
+#[inline]
+pub(crate) fn policy_limit_changed(policy: &Policy, limit: &'static str, change: &'static str) {
+    ::metrics::counter!(POLICY_LIMITS, "policy" => policy.shared_name().clone(), "limit" => limit, "change" => change)
         .increment(1);
 }
 

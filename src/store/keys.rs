@@ -110,6 +110,14 @@ impl KeySpace {
         )
     }
 
+    /// The hash of every policy's runtime limits (`{prefix}:{~limits}`,
+    /// see [`PolicyLimits`](crate::PolicyLimits)): one key, read whole by
+    /// every app server, written by operators; configuration, no expiry.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn policy_limits_key(&self) -> String {
+        format!("{}:{{~limits}}", self.prefix)
+    }
+
     fn caller_key(&self, policy: &Policy, key: &Key, kind: &str, suffix: &str) -> String {
         let tagged = Self::tagged(policy, key);
         let mut out = String::new();

@@ -6,6 +6,7 @@
 
 pub(crate) mod keys;
 pub(crate) mod memory;
+pub(crate) mod policy_limits;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
@@ -33,6 +34,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::Override;
 use crate::policy::Policy;
+use crate::policy_limits::{PolicyLimit, PolicyLimits};
 
 /// A boxed `Send` future, which keeps [`Store`] usable as `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -340,6 +342,86 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Box::pin(async { Err(cannot("block callers")) })
     }
 
+    /// `policy` as the limits an operator set at runtime for all its
+    /// callers judge it now (see [`PolicyLimits`]): its quotas replaced,
+    /// capped; `None` when none is in force, the policy as built. Cheap and
+    /// synchronous: the memory store's table, or a Redis store's copy of
+    /// what Redis holds, refreshed in the background. The default keeps
+    /// none.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Policy, Quota, Store};
+    /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()));
+    /// assert!(MemoryStore::new().judge_policy(&policy).is_none(), "none set");
+    /// ```
+    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
+        let _ = policy;
+        None
+    }
+
+    /// A number that changes whenever the runtime limits this store knows
+    /// change (0 until one is set): a layer's cache of rejections forgets
+    /// what it learnt under other limits.
+    ///
+    /// ```
+    /// use tollgate::{MemoryStore, Store};
+    /// assert_eq!(MemoryStore::new().policy_limits_version(), 0);
+    /// ```
+    fn policy_limits_version(&self) -> u64 {
+        0
+    }
+
+    /// The runtime limits set for `policy`'s callers, as the store holds
+    /// them now (those ended left out). On Redis one `HGETALL`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Override, Policy, PolicyLimit, Quota, Store};
+    /// let per_min = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+    /// let policy = Policy::fixed_window("core", per_min(100));
+    /// let store = MemoryStore::new();
+    /// store.set_policy_limit(&policy, PolicyLimit::Limit, Some(&Override::new(per_min(10)))).await.unwrap();
+    /// assert_eq!(store.policy_limits(&policy).await.unwrap().limit, Some(Override::new(per_min(10))));
+    /// # }
+    /// ```
+    fn policy_limits<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<PolicyLimits, StoreError>> {
+        let _ = policy;
+        Box::pin(async { Ok(PolicyLimits::default()) })
+    }
+
+    /// Sets (`Some`) or clears (`None`) one of `policy`'s runtime limits
+    /// (see [`PolicyLimits`]), for every caller on every app server; an
+    /// [adjustable](Policy::adjustable) policy is judged by them. On
+    /// Redis one `HSET` (or `HDEL`) of one hash, configuration without an
+    /// expiry, which every app server reads every half second.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Key, MemoryStore, Override, Policy, PolicyLimit, Quota, Store};
+    /// let per_min = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+    /// let policy = Policy::fixed_window("core", per_min(100)).adjustable();
+    /// let store = MemoryStore::new();
+    /// store.set_policy_limit(&policy, PolicyLimit::Limit, Some(&Override::new(per_min(10)))).await.unwrap();
+    /// let judged = store.judge_policy(&policy).unwrap();
+    /// assert_eq!(store.check(&judged, &Key::new("bob"), 1).await.unwrap().limit, 10);
+    /// # }
+    /// ```
+    fn set_policy_limit<'a>(
+        &'a self,
+        policy: &'a Policy,
+        which: PolicyLimit,
+        value: Option<&'a Override>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (policy, which, value);
+        Box::pin(async { Err(cannot("keep runtime limits")) })
+    }
+
     /// Whether this store decides inside this process, so it is never out
     /// of reach: a layer over it then keeps no record of its answers for a
     /// local fallback to start from. `false`, the default, is always safe.
@@ -408,6 +490,30 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
+    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
+        (**self).judge_policy(policy)
+    }
+
+    fn policy_limits_version(&self) -> u64 {
+        (**self).policy_limits_version()
+    }
+
+    fn policy_limits<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<PolicyLimits, StoreError>> {
+        (**self).policy_limits(policy)
+    }
+
+    fn set_policy_limit<'a>(
+        &'a self,
+        policy: &'a Policy,
+        which: PolicyLimit,
+        value: Option<&'a Override>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).set_policy_limit(policy, which, value)
+    }
+
     fn check<'a>(
         &'a self,
         policy: &'a Policy,

@@ -212,7 +212,12 @@ impl Policy {
         if let Ok(q) = Quota::new(limit, quotas[own].window()) {
             quotas[own] = q;
         }
-        self.with_quotas(quotas.into())
+        let judged = self.with_quotas(quotas.into());
+        match self.cap() {
+            // An operator's cap beats a limit from the request too.
+            Some(cap) => judged.capped_by(cap.into()),
+            None => judged,
+        }
     }
 }
 

@@ -38,6 +38,14 @@ pub fn quota(n: u32, secs: u64) -> Quota {
     Quota::new(n, Duration::from_secs(secs)).unwrap()
 }
 
+/// An override of each of `policy`'s quotas, each made by `of`.
+fn every_quota(policy: &Policy, of: impl Fn(&Quota) -> Quota) -> tollgate::Override {
+    let quotas = policy.quotas();
+    quotas[1..]
+        .iter()
+        .fold(tollgate::Override::new(of(&quotas[0])), |o, q| o.and(of(q)))
+}
+
 /// What a step does.
 #[derive(Clone, Copy, Debug)]
 pub enum Op {
@@ -58,6 +66,15 @@ pub enum Op {
     Block(&'static str, u64),
     /// Forget `key`'s state (the operator's reset).
     Reset(&'static str),
+    /// Replace the policy's quotas for every caller: `limit` per `secs`
+    /// seconds for each quota, until `until` ms after `T0` (0: no end).
+    SetPolicyLimit(u32, u64, u64),
+    /// Cap every caller at `limit` per quota (the policy's windows).
+    SetPolicyCap(u32),
+    /// Clear the policy's runtime limit.
+    ClearPolicyLimit,
+    /// Clear the policy's cap.
+    ClearPolicyCap,
 }
 
 /// What the step must answer. Times are ms after `T0` (µs in a
@@ -86,7 +103,10 @@ pub enum Expect {
 }
 
 pub use Expect::{Done, Limited, Pass, Refused, Wait};
-pub use Op::{Block, Check, ClearOverride, Peek, Refund, Reset, SetOverride, Settle};
+pub use Op::{
+    Block, Check, ClearOverride, ClearPolicyCap, ClearPolicyLimit, Peek, Refund, Reset,
+    SetOverride, SetPolicyCap, SetPolicyLimit, Settle,
+};
 
 /// [`Expect::Blocked`] in one short line.
 pub const fn blocked(until_ms: u64, limit: u64) -> Expect {
@@ -203,15 +223,19 @@ async fn run_step(
     let us = |n: u64| n * unit_us;
     let time = |n: u64| Duration::from_micros(us(n));
     backend.clock.set(T0 + us(at));
+    // Decisions and peeks are judged by the limits set at runtime, as a
+    // layer judges them.
+    let judged = backend.store.judge_policy(policy);
+    let judged = judged.as_ref().unwrap_or(policy);
     let decision = match op {
         Op::Check(key, cost) => Some(
             backend
                 .store
-                .check(policy, &Key::new(key), cost)
+                .check(judged, &Key::new(key), cost)
                 .await
                 .unwrap(),
         ),
-        Op::Peek(key) => Some(backend.store.peek(policy, &Key::new(key)).await.unwrap()),
+        Op::Peek(key) => Some(backend.store.peek(judged, &Key::new(key)).await.unwrap()),
         Op::Refund(key, n) => {
             let receipt: Receipt = seen[n]
                 .as_ref()
@@ -277,6 +301,43 @@ async fn run_step(
         }
         Op::Reset(key) => {
             backend.store.reset(policy, &Key::new(key)).await.unwrap();
+            None
+        }
+        Op::SetPolicyLimit(limit, secs, until) => {
+            let mut o = every_quota(policy, |_| quota(limit, secs));
+            if until > 0 {
+                o = o.ending_at_micros(T0 + us(until));
+            }
+            let which = tollgate::PolicyLimit::Limit;
+            backend
+                .store
+                .set_policy_limit(policy, which, Some(&o))
+                .await
+                .unwrap();
+            let read = backend.store.policy_limits(policy).await.unwrap();
+            assert_eq!(read.limit, Some(o), "the limit reads back");
+            None
+        }
+        Op::SetPolicyCap(limit) => {
+            let o = every_quota(policy, |q| Quota::new(limit, q.window()).unwrap());
+            let which = tollgate::PolicyLimit::Cap;
+            backend
+                .store
+                .set_policy_limit(policy, which, Some(&o))
+                .await
+                .unwrap();
+            None
+        }
+        Op::ClearPolicyLimit | Op::ClearPolicyCap => {
+            let which = match op {
+                Op::ClearPolicyLimit => tollgate::PolicyLimit::Limit,
+                _ => tollgate::PolicyLimit::Cap,
+            };
+            backend
+                .store
+                .set_policy_limit(policy, which, None)
+                .await
+                .unwrap();
             None
         }
     };

@@ -94,3 +94,62 @@ async fn sentinel_primary_killed_under_load() {
     })
     .await;
 }
+
+/// Issue 41: a limit for every caller of an adjustable policy, set through
+/// a store on the primary Sentinel names, judges every strategy's
+/// decisions there, and a second store reads it from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_honours_a_policy_limit_on_every_strategy() {
+    use std::num::NonZeroU32;
+    use tollgate::{Override, Policy, PolicyLimit, Quota};
+
+    let (pair, sentinels) = tokio::task::block_in_place(|| {
+        let pair = Pair::start();
+        let sentinels = SentinelSet::start(&pair.primary, &[&pair.replica], 1, "tg-limits");
+        (pair, sentinels)
+    });
+    let _ = &pair;
+    let prefix = unique_prefix("sentinel-limits");
+    let on_sentinel = || async {
+        RedisStore::sentinel(sentinels.urls(), sentinels.master_name())
+            .connect()
+            .await
+            .unwrap()
+            .prefix(&prefix)
+            .build()
+            .unwrap()
+    };
+    let (store, other) = (on_sentinel().await, on_sentinel().await);
+    let one = Quota::per_minute(NonZeroU32::MIN);
+    let ten = Quota::per_minute(NonZeroU32::new(10).unwrap());
+    let policies = [
+        Policy::fixed_window("s", one),
+        Policy::aligned_window("s", one),
+        Policy::sliding_window("s", one),
+        Policy::sliding_log("s", ten, one),
+        Policy::gcra("s", one, NonZeroU32::MIN),
+        Policy::leaky_bucket("s", one, NonZeroU32::MIN),
+        Policy::concurrency("s", NonZeroU32::MIN, Duration::from_secs(10)).unwrap(),
+    ];
+    for policy in policies {
+        let policy = policy.adjustable();
+        let limit = policy.quotas().iter().fold(None::<Override>, |o, q| {
+            let q = Quota::new(10, q.window()).unwrap();
+            Some(o.map_or(Override::new(q), |o| o.and(q)))
+        });
+        store
+            .set_policy_limit(&policy, PolicyLimit::Limit, limit.as_ref())
+            .await
+            .unwrap();
+        let judged = store.judge_policy(&policy).expect("in force at once");
+        let d = store.check(&judged, &Key::new("ann"), 1).await.unwrap();
+        assert_eq!(
+            (d.allowed, d.limit),
+            (true, 10),
+            "{}",
+            policy.strategy().as_str()
+        );
+        let read = other.policy_limits(&policy).await.unwrap();
+        assert_eq!(read.limit, limit, "read back from Redis");
+    }
+}

@@ -94,6 +94,8 @@ pub(crate) fn decide(
     now: u64,
     cost: u64,
 ) -> Decision {
+    // An override above an operator's cap is set aside while it lasts.
+    let overridden = overridden.filter(|o| policy.cap().is_none_or(|cap| !o.exceeds(cap)));
     let judged;
     let policy = match overridden {
         Some(o) => {

@@ -11,6 +11,8 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::Override;
 use crate::policy::Policy;
+use crate::policy_limits::{PolicyLimit, PolicyLimits};
+use crate::store::policy_limits::RuntimeLimits;
 
 pub(crate) mod caller;
 pub(crate) mod names;
@@ -73,6 +75,8 @@ struct Inner {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     overrides: caller::Overrides,
+    /// Limits operators set for every caller of a policy.
+    policy_limits: RuntimeLimits,
 }
 
 impl Default for MemoryStore {
@@ -116,6 +120,7 @@ impl MemoryStore {
                 hasher: RandomState::default(),
                 clock: Arc::new(clock),
                 overrides: caller::Overrides::default(),
+                policy_limits: RuntimeLimits::default(),
             }),
         }
     }
@@ -341,6 +346,40 @@ impl Store for MemoryStore {
             .inner
             .overrides
             .list(policy, now))))
+    }
+
+    /// Applies at once: the next decision is judged by it.
+    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
+        if !policy.is_adjustable() {
+            return None;
+        }
+        let clock = &self.inner.clock;
+        self.inner
+            .policy_limits
+            .judge(policy, || clock.now_micros())
+    }
+
+    fn policy_limits_version(&self) -> u64 {
+        self.inner.policy_limits.version()
+    }
+
+    fn policy_limits<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<PolicyLimits, StoreError>> {
+        let now = self.inner.clock.now_micros();
+        let limits = self.inner.policy_limits.get(policy).in_force(now);
+        Box::pin(std::future::ready(Ok(limits)))
+    }
+
+    fn set_policy_limit<'a>(
+        &'a self,
+        policy: &'a Policy,
+        which: PolicyLimit,
+        value: Option<&'a Override>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.policy_limits.set(policy, which, value.cloned());
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn block<'a>(

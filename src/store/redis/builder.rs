@@ -247,6 +247,8 @@ impl RedisStoreBuilder {
                 scripting: Arc::new(Scripting::new(self.version)),
                 offset: ClockOffset(AtomicI64::new(ClockOffset::UNKNOWN)),
                 leases: self.leases.map(super::lease::LeaseTable::new),
+                policy_limits: Default::default(),
+                watching_limits: Default::default(),
             }),
         })
     }

@@ -17,9 +17,10 @@ use crate::store::keys::KeyList;
 
 impl RedisStore {
     /// Appends what `lua/caller.lua` takes to a decision of `policy` for
-    /// `key`: the override's and the penalty box's keys, and where the
-    /// quota arguments start (after the penalty box's four, negated, for a
-    /// policy with one).
+    /// `key`: the override's and the penalty box's keys; for an overridable
+    /// policy the cap's limits and their count; the penalty box's four;
+    /// and where the quota arguments start (negated, for a policy with a
+    /// penalty box).
     pub(super) fn add_caller_rules(
         &self,
         policy: &Policy,
@@ -29,6 +30,11 @@ impl RedisStore {
     ) {
         let at = if policy.is_overridable() {
             keys.push(self.keyspace().override_key(policy, key));
+            // An operator's cap, which an override may not pass: its
+            // limits, then how many (0: none).
+            let cap = policy.cap().unwrap_or_default();
+            args.extend(cap.iter().map(|&most| int(most)));
+            args.push(int(cap.len()));
             let (offset, _) = policy.strategy().algorithm().quota_args(policy);
             int(offset + 1)
         } else {

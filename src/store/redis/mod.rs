@@ -11,6 +11,7 @@ pub(crate) mod connection;
 mod decide;
 mod give_back;
 mod lease;
+mod policy_limits;
 pub(crate) mod reply;
 pub(crate) mod script;
 #[cfg(feature = "sentinel")]
@@ -26,7 +27,7 @@ pub use self::lease::Leases;
 pub use self::sentinel::SentinelConfig;
 pub use self::shards::{Shard, ShardedConfig};
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,6 +44,8 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::overrides::Override;
 use crate::policy::Policy;
+use crate::policy_limits::{PolicyLimit, PolicyLimits};
+use crate::store::policy_limits::RuntimeLimits;
 
 /// Keeps limits in Redis, shared by every app server that uses the same Redis.
 ///
@@ -101,6 +104,10 @@ struct Inner {
     offset: ClockOffset,
     /// Hot callers' leases, when the store leases (`lease.rs`).
     leases: Option<LeaseTable>,
+    /// This server's copy of every policy's runtime limits
+    /// (`policy_limits.rs`), and whether the task that reads them runs.
+    policy_limits: RuntimeLimits,
+    watching_limits: AtomicBool,
 }
 
 /// The offset between Redis's clock and this machine's monotonic one, µs,
@@ -227,7 +234,7 @@ impl RedisStore {
 
     /// The store's now, µs: its clock's, or Redis's as last seen (this
     /// machine's wall clock before any reply). For an override's end.
-    fn now_micros_estimate(&self) -> u64 {
+    pub(super) fn now_micros_estimate(&self) -> u64 {
         match &self.inner.clock {
             Some(clock) => clock.now_micros(),
             None => match self.inner.offset.redis_time(Instant::now()) {
@@ -254,6 +261,30 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
+        self.judge_by_known_limits(policy)
+    }
+
+    fn policy_limits_version(&self) -> u64 {
+        self.inner.policy_limits.version()
+    }
+
+    fn policy_limits<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> BoxFuture<'a, Result<PolicyLimits, StoreError>> {
+        Box::pin(self.fresh_policy_limits(policy))
+    }
+
+    fn set_policy_limit<'a>(
+        &'a self,
+        policy: &'a Policy,
+        which: PolicyLimit,
+        value: Option<&'a Override>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.write_policy_limit(policy, which, value))
+    }
+
     fn check<'a>(
         &'a self,
         policy: &'a Policy,

@@ -95,6 +95,63 @@ macro_rules! caller_rows {
                 row
             },
 
+            // Issue 41: limits for every caller, changed at runtime.
+            a_policy_limit_changes_every_callers_limit_and_clears => Row::new(Policy::fixed_window("core", quota(2, 10)).adjustable(), [
+                (0, Check("ann", 1), pass_of(2, 1)),
+                (1, SetPolicyLimit(5, 10, 0), Done),
+                // The same window, its count kept, judged against five.
+                (2, Check("ann", 1), pass_of(5, 3)),
+                (3, Check("bob", 1), pass_of(5, 4)),
+                (4, Peek("bob"), pass_of(5, 4)),
+                (5, SetPolicyLimit(1, 10, 0), Done),
+                (6, Check("bob", 1), limited(10_003, 9_997)),
+                (7, ClearPolicyLimit, Done),
+                (8, Check("bob", 1), pass_of(2, 0)),
+            ]),
+
+            a_policy_limit_ends_at_its_time => Row::new(Policy::fixed_window("core", quota(2, 10)).adjustable(), [
+                (0, SetPolicyLimit(3, 10, 5_000), Done),
+                (1, Check("cy", 1), pass_of(3, 2)),
+                (4_999, Check("cy", 1), pass_of(3, 1)),
+                (5_000, Check("cy", 1), limited(10_001, 5_001)),
+            ]),
+
+            an_override_beats_the_policy_limit_and_the_cap_beats_both => Row::new(window(2, 10).adjustable(), [
+                (0, SetPolicyLimit(10, 10, 0), Done),
+                (1, SetOverride("vip", 20, 10, 0), Done),
+                (2, Check("vip", 1), pass_of(20, 19)),
+                (3, Check("ann", 1), pass_of(10, 9)),
+                (4, SetPolicyCap(5), Done),
+                // An override above the cap is set aside while it lasts:
+                // the policy's limit, capped.
+                (5, Check("vip", 1), pass_of(5, 3)),
+                (6, Check("ann", 1), pass_of(5, 3)),
+                // One under the cap still judges its caller.
+                (7, SetOverride("low", 1, 10, 0), Done),
+                (8, Check("low", 1), pass_of(1, 0)),
+                (9, ClearPolicyCap, Done),
+                (10, Check("vip", 1), pass_of(20, 17)),
+                (11, ClearPolicyLimit, Done),
+                (12, Check("ann", 1), limited(10_003, 9_991)),
+            ]),
+
+            every_strategy_honours_a_policy_limit_and_a_cap => {
+                let mut row = Row::new(Policy::fixed_window("core", quota(1, 10)), [
+                    (0, Check("zed", 1), pass_of(1, 0)),
+                ]);
+                for policy in every_strategy() {
+                    row = row.then_under(policy.adjustable(), [
+                        (5, SetPolicyLimit(10, 10, 0), Done),
+                        (5, Check("ann", 1), pass_of(10, 9)),
+                        (5, Peek("ann"), pass_of(10, 9)),
+                        (5, SetPolicyCap(3), Done),
+                        (5, Check("ann", 1), pass_of(3, 1)),
+                        (5, Peek("ann"), pass_of(3, 1)),
+                    ]);
+                }
+                row
+            },
+
             the_penalty_box_blocks_after_strikes_and_doubles => {
                 Row::new(Policy::fixed_window("core", quota(1, 10)).with_penalty_box(strict()), [
                     (0, Check("eve", 1), pass_of(1, 0)),

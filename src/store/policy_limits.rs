@@ -1,0 +1,165 @@
+//! The runtime limits a store knows, by policy, and each policy as they
+//! judge it, kept so a request pays one read lock and a clone for it (and
+//! an atomic load when no limit was ever set). The memory store's own
+//! table; a Redis store's copy of what Redis holds, refreshed in the
+//! background.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::overrides::Override;
+use crate::policy::Policy;
+use crate::policy_limits::{PolicyLimit, PolicyLimits};
+use crate::quota::Quota;
+
+/// By policy name, then strategy.
+type ByPolicy = HashMap<Arc<str>, HashMap<String, Known>>;
+
+#[derive(Debug, Default)]
+struct Known {
+    limits: PolicyLimits,
+    /// The policy as judged, for the build-time quotas it was judged from,
+    /// until when (µs) that holds.
+    judged: Option<(Arc<[Quota]>, Option<Policy>, u64)>,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct RuntimeLimits {
+    /// Set once any limit was known: until then no request looks further.
+    any: AtomicBool,
+    /// Counts the changes.
+    version: AtomicU64,
+    by_policy: RwLock<ByPolicy>,
+}
+
+impl RuntimeLimits {
+    /// `policy` as the limits in force at `now` judge it; `None`: as built.
+    /// `now` is read only once a limit is known.
+    pub(crate) fn judge(&self, policy: &Policy, now: impl FnOnce() -> u64) -> Option<Policy> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let now = now();
+        let (name, strategy) = (policy.name(), policy.strategy().as_str());
+        {
+            let map = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
+            let known = map.get(name)?.get(strategy)?;
+            if let Some((base, judged, until)) = &known.judged {
+                if now < *until && **base == *policy.quotas() {
+                    return judged.clone();
+                }
+            }
+        }
+        let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
+        let known = map.get_mut(name)?.get_mut(strategy)?;
+        let judged = known.limits.judge(policy, now);
+        let until = known
+            .limits
+            .next_end()
+            .filter(|&end| end > now)
+            .unwrap_or(u64::MAX);
+        let base: Arc<[Quota]> = policy.quotas().into();
+        known.judged = Some((base, judged.clone(), until));
+        judged
+    }
+
+    /// Counts the changes (0: none yet).
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Relaxed)
+    }
+
+    /// What is known of `policy`'s limits, those ended included.
+    pub(crate) fn get(&self, policy: &Policy) -> PolicyLimits {
+        let map = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
+        map.get(policy.name())
+            .and_then(|by_strategy| by_strategy.get(policy.strategy().as_str()))
+            .map(|k| k.limits.clone())
+            .unwrap_or_default()
+    }
+
+    /// Sets (or clears, `None`) one of `policy`'s limits.
+    pub(crate) fn set(&self, policy: &Policy, which: PolicyLimit, value: Option<Override>) {
+        let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
+        let known = map
+            .entry(policy.shared_name().clone())
+            .or_default()
+            .entry(policy.strategy().as_str().to_owned())
+            .or_default();
+        known.limits.set(which, value);
+        known.judged = None;
+        self.any.store(true, Ordering::Relaxed);
+        self.version.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Replaces what is known with `all` (a Redis store's refresh): by
+    /// policy name and strategy.
+    pub(crate) fn replace(&self, all: HashMap<(String, String), PolicyLimits>) {
+        let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
+        let mut fresh = ByPolicy::new();
+        let mut changed = false;
+        for ((name, strategy), limits) in all {
+            let old = map
+                .get_mut(name.as_str())
+                .and_then(|by_strategy| by_strategy.get_mut(&strategy));
+            // Unchanged limits keep what they judged.
+            let judged = match old {
+                Some(old) if old.limits == limits => old.judged.take(),
+                _ => {
+                    changed = true;
+                    None
+                }
+            };
+            let known = Known { limits, judged };
+            fresh
+                .entry(name.into())
+                .or_default()
+                .insert(strategy, known);
+        }
+        let count = |m: &ByPolicy| m.values().map(HashMap::len).sum::<usize>();
+        if changed || count(&fresh) != count(&map) {
+            self.any.store(true, Ordering::Relaxed);
+            self.version.fetch_add(1, Ordering::Relaxed);
+        }
+        *map = fresh;
+    }
+}
+
+/// The field of `policy`'s `which` limit in a Redis store's hash of
+/// runtime limits: `name|strategy|limit` (names hold no `|`).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn field(policy: &Policy, which: PolicyLimit) -> String {
+    format!(
+        "{}|{}|{}",
+        policy.name(),
+        policy.strategy().as_str(),
+        which.as_str()
+    )
+}
+
+/// Reads the hash of runtime limits back (see [`field`]): by policy name
+/// and strategy; fields or values it cannot read are skipped.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn read_fields(pairs: Vec<(String, String)>) -> HashMap<(String, String), PolicyLimits> {
+    let mut all: HashMap<(String, String), PolicyLimits> = HashMap::new();
+    for (field, text) in pairs {
+        let mut parts = field.rsplitn(3, '|');
+        let (Some(which), Some(strategy), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let which = match which {
+            "limit" => PolicyLimit::Limit,
+            "cap" => PolicyLimit::Cap,
+            _ => continue,
+        };
+        let Some(value) = Override::from_text(&text) else {
+            continue;
+        };
+        all.entry((name.to_owned(), strategy.to_owned()))
+            .or_default()
+            .set(which, Some(value));
+    }
+    all
+}
