@@ -78,12 +78,17 @@
 //! - `GET /penalty/tigerfeeding`: `ZOO_PENALTY_LIMIT` (3) per
 //!   `ZOO_PENALTY_WINDOW_SECS` (10) per caller; after `ZOO_PENALTY_STRIKES`
 //!   (3) rejections, blocked for `ZOO_PENALTY_BLOCK_SECS` (30).
-//! - `PUT|DELETE /admin/limits?ip=..` or `?api_key=..`: `{"limit": N}` (and
-//!   `"until"`, Unix seconds) overrides `/tigerfeeding`'s quota for that
-//!   caller; `DELETE` clears it. Bearer `ZOO_ADMIN_TOKEN`.
-//! - `POST /admin/reset?ip=..` or `?api_key=..`: resets that caller in every
-//!   limit (the operator's unblock), with `Authorization: Bearer` and the
-//!   token in `ZOO_ADMIN_TOKEN`; off without one.
+//! - `/admin/...` (only with `ZOO_ADMIN_TOKEN`, sent as `Authorization:
+//!   Bearer`; 403 without it): the crate's admin API over every limit
+//!   above and the tiers (`GET /admin/policies`, `PUT|DELETE
+//!   /admin/policies/{policy}/overrides/caller?api_key=..|ip=..`, block,
+//!   unblock, reset, peek; `GET /admin/openapi.json` describes them), and
+//!   the zoo's own routes from before it (`zoo_parts/admin.rs`):
+//!   - `PUT|DELETE /admin/limits?ip=..` or `?api_key=..`: `{"limit": N}`
+//!     (and `"until"`, Unix seconds) overrides `/tigerfeeding`'s quota for
+//!     that caller; `DELETE` clears it.
+//!   - `POST /admin/reset?ip=..` or `?api_key=..`: resets that caller in
+//!     every limit (the operator's unblock).
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
 
@@ -105,6 +110,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 #[path = "zoo_parts/accounts.rs"]
 mod accounts;
+#[path = "zoo_parts/admin.rs"]
+mod admin;
 #[path = "zoo_parts/bench.rs"]
 mod bench;
 #[path = "zoo_parts/holding.rs"]
@@ -136,6 +143,7 @@ struct Settings {
     holding: holding::HoldingSettings,
     tiers: tiers::TierSettings,
     accounts: accounts::AccountSettings,
+    admin: admin::AdminSettings,
     tokens: tokens::TokenSettings,
     calls_in_flight: Option<NonZeroUsize>,
     /// `ZOO_LEASES=1`: `/tigerfeeding` on a leasing Redis store.
@@ -193,6 +201,7 @@ impl Settings {
             holding: holding::HoldingSettings::from_env()?,
             tiers: tiers::TierSettings::from_env()?,
             accounts: accounts::AccountSettings::from_env()?,
+            admin: admin::AdminSettings::from_env(),
             tokens: tokens::TokenSettings::from_env()?,
             calls_in_flight: env_or("ZOO_CALLS_IN_FLIGHT", 0usize).map(NonZeroUsize::new)?,
             leases: env_or("ZOO_LEASES", 0u8)? == 1,
@@ -392,7 +401,16 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         names.push_str(&bench.names);
     }
     router = router.route("/strategies", get(move || async move { names }));
-    // Every limit the admin route may reset: the routes' and the tiers'.
+    let login = accounts::routes(&settings.accounts, store.clone(), key.clone())?;
+    router = router.merge(login.router);
+    // The admin API serves every limit: the routes', the tiers' and the
+    // failed logins'; `POST /admin/reset` resets them all.
+    let mut api = tollgate::admin::AdminApi::new()
+        .tiers(&zoo.tiers)
+        .limiter(login.failed_logins.clone());
+    for layer in &zoo.limits {
+        api = api.layer(layer);
+    }
     let resettable = zoo
         .limits
         .iter()
@@ -402,14 +420,15 @@ async fn build(settings: &Settings) -> Result<Router, String> {
                 .tiers()
                 .filter_map(|policy| zoo.tiers.limiter(policy.name())),
         )
+        .chain([login.failed_logins])
         .collect();
-    router = router.merge(accounts::routes(
-        &settings.accounts,
-        store.clone(),
+    router = router.merge(admin::routes(
+        &settings.admin,
+        api,
         key.clone(),
         resettable,
         tiger_limiter,
-    )?);
+    ));
     Ok(router
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
@@ -498,7 +517,8 @@ async fn serve() -> ExitCode {
     }
     println!("  {}", settings.tiers.describe());
     println!("  {}", settings.tokens.describe());
-    for line in settings.accounts.describe() {
+    println!("  {}", settings.accounts.describe());
+    for line in settings.admin.describe() {
         println!("  {line}");
     }
     let served = axum::serve(
