@@ -91,6 +91,10 @@
 //!     every limit (the operator's unblock).
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
+//!
+//! On SIGTERM or Ctrl-C the zoo stops accepting connections, finishes the
+//! requests in flight, then gives back the leases its leasing stores hold
+//! (`RedisStore::return_leases`) and says how many units went back.
 
 #[path = "support/lineup.rs"]
 mod lineup;
@@ -312,7 +316,14 @@ fn install_metrics() -> Result<PrometheusHandle, String> {
     Ok(handle)
 }
 
-async fn build(settings: &Settings) -> Result<Router, String> {
+/// The zoo's routes, and the leasing stores whose leases it gives back
+/// when it stops.
+struct Built {
+    router: Router,
+    leasing: Vec<RedisStore>,
+}
+
+async fn build(settings: &Settings) -> Result<Built, String> {
     let prometheus = install_metrics()?;
     let store: Arc<dyn Store> = match &settings.redis_url {
         Some(url) => Arc::new(
@@ -326,15 +337,17 @@ async fn build(settings: &Settings) -> Result<Router, String> {
 
     // With ZOO_LEASES=1, /tigerfeeding's and /tokens/tigerfeeding's own
     // store leases hot callers.
+    let mut leasing = Vec::new();
     let tiger_store: Arc<dyn Store> = match (&settings.redis_url, settings.leases) {
         (Some(url), true) => {
-            let leasing = RedisStore::connect_builder(url)
+            let store = RedisStore::connect_builder(url)
                 .await
                 .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?
                 .leases(Leases::new())
                 .build()
                 .map_err(|e| e.to_string())?;
-            Arc::new(leasing)
+            leasing.push(store.clone());
+            Arc::new(store)
         }
         _ => store.clone(),
     };
@@ -399,6 +412,7 @@ async fn build(settings: &Settings) -> Result<Router, String> {
             bench::routes(settings.quota, store.clone(), settings.redis_url.as_deref()).await?;
         router = router.merge(bench.router);
         names.push_str(&bench.names);
+        leasing.extend(bench.leasing);
     }
     router = router.route("/strategies", get(move || async move { names }));
     let login = accounts::routes(&settings.accounts, store.clone(), key.clone())?;
@@ -429,10 +443,11 @@ async fn build(settings: &Settings) -> Result<Router, String> {
         resettable,
         tiger_limiter,
     ));
-    Ok(router
+    let router = router
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
-        .with_state(zoo))
+        .with_state(zoo);
+    Ok(Built { router, leasing })
 }
 
 /// `RedisStore::connect`'s store, with `calls` (`ZOO_CALLS_IN_FLIGHT`)
@@ -484,8 +499,11 @@ async fn serve() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let app = match build(&settings).await {
-        Ok(app) => app,
+    let Built {
+        router: app,
+        leasing,
+    } = match build(&settings).await {
+        Ok(built) => built,
         Err(e) => {
             eprintln!("zoo: {e}");
             return ExitCode::from(2);
@@ -521,14 +539,19 @@ async fn serve() -> ExitCode {
     for line in settings.admin.describe() {
         println!("  {line}");
     }
+    // Stop accepting, finish the requests in flight, then give back what
+    // the leasing stores hold: a lease kept would be lost until its window
+    // ends, and other servers would under-admit meanwhile.
     let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    .with_graceful_shutdown(stop_signal())
     .await;
+    for store in &leasing {
+        let units = store.return_leases().await;
+        println!("zoo: gave back {units} leased unit(s)");
+    }
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -536,4 +559,29 @@ async fn serve() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Resolves at the first SIGTERM (what `kill`, systemd and Kubernetes
+/// send) or Ctrl-C.
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    println!("zoo: stopping: finishing the requests in flight");
 }
