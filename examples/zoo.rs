@@ -78,14 +78,23 @@
 //! - `GET /penalty/tigerfeeding`: `ZOO_PENALTY_LIMIT` (3) per
 //!   `ZOO_PENALTY_WINDOW_SECS` (10) per caller; after `ZOO_PENALTY_STRIKES`
 //!   (3) rejections, blocked for `ZOO_PENALTY_BLOCK_SECS` (30).
-//! - `PUT|DELETE /admin/limits?ip=..` or `?api_key=..`: `{"limit": N}` (and
-//!   `"until"`, Unix seconds) overrides `/tigerfeeding`'s quota for that
-//!   caller; `DELETE` clears it. Bearer `ZOO_ADMIN_TOKEN`.
-//! - `POST /admin/reset?ip=..` or `?api_key=..`: resets that caller in every
-//!   limit (the operator's unblock), with `Authorization: Bearer` and the
-//!   token in `ZOO_ADMIN_TOKEN`; off without one.
+//! - `/admin/...` (only with `ZOO_ADMIN_TOKEN`, sent as `Authorization:
+//!   Bearer`; 403 without it): the crate's admin API over every limit
+//!   above and the tiers (`GET /admin/policies`, `PUT|DELETE
+//!   /admin/policies/{policy}/overrides/caller?api_key=..|ip=..`, block,
+//!   unblock, reset, peek; `GET /admin/openapi.json` describes them), and
+//!   the zoo's own routes from before it (`zoo_parts/admin.rs`):
+//!   - `PUT|DELETE /admin/limits?ip=..` or `?api_key=..`: `{"limit": N}`
+//!     (and `"until"`, Unix seconds) overrides `/tigerfeeding`'s quota for
+//!     that caller; `DELETE` clears it.
+//!   - `POST /admin/reset?ip=..` or `?api_key=..`: resets that caller in
+//!     every limit (the operator's unblock).
 //! - `GET /rate_limit`: the caller's state, like GitHub's; never charged.
 //! - `GET /metrics`: tollgate's counters and store latency, Prometheus format.
+//!
+//! On SIGTERM or Ctrl-C the zoo stops accepting connections, finishes the
+//! requests in flight, then gives back the leases its leasing stores hold
+//! (`RedisStore::return_leases`) and says how many units went back.
 
 #[path = "support/lineup.rs"]
 mod lineup;
@@ -105,6 +114,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 #[path = "zoo_parts/accounts.rs"]
 mod accounts;
+#[path = "zoo_parts/admin.rs"]
+mod admin;
 #[path = "zoo_parts/bench.rs"]
 mod bench;
 #[path = "zoo_parts/holding.rs"]
@@ -136,6 +147,7 @@ struct Settings {
     holding: holding::HoldingSettings,
     tiers: tiers::TierSettings,
     accounts: accounts::AccountSettings,
+    admin: admin::AdminSettings,
     tokens: tokens::TokenSettings,
     calls_in_flight: Option<NonZeroUsize>,
     /// `ZOO_LEASES=1`: `/tigerfeeding` on a leasing Redis store.
@@ -193,6 +205,7 @@ impl Settings {
             holding: holding::HoldingSettings::from_env()?,
             tiers: tiers::TierSettings::from_env()?,
             accounts: accounts::AccountSettings::from_env()?,
+            admin: admin::AdminSettings::from_env(),
             tokens: tokens::TokenSettings::from_env()?,
             calls_in_flight: env_or("ZOO_CALLS_IN_FLIGHT", 0usize).map(NonZeroUsize::new)?,
             leases: env_or("ZOO_LEASES", 0u8)? == 1,
@@ -303,7 +316,14 @@ fn install_metrics() -> Result<PrometheusHandle, String> {
     Ok(handle)
 }
 
-async fn build(settings: &Settings) -> Result<Router, String> {
+/// The zoo's routes, and the leasing stores whose leases it gives back
+/// when it stops.
+struct Built {
+    router: Router,
+    leasing: Vec<RedisStore>,
+}
+
+async fn build(settings: &Settings) -> Result<Built, String> {
     let prometheus = install_metrics()?;
     let store: Arc<dyn Store> = match &settings.redis_url {
         Some(url) => Arc::new(
@@ -317,15 +337,17 @@ async fn build(settings: &Settings) -> Result<Router, String> {
 
     // With ZOO_LEASES=1, /tigerfeeding's and /tokens/tigerfeeding's own
     // store leases hot callers.
+    let mut leasing = Vec::new();
     let tiger_store: Arc<dyn Store> = match (&settings.redis_url, settings.leases) {
         (Some(url), true) => {
-            let leasing = RedisStore::connect_builder(url)
+            let store = RedisStore::connect_builder(url)
                 .await
                 .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?
                 .leases(Leases::new())
                 .build()
                 .map_err(|e| e.to_string())?;
-            Arc::new(leasing)
+            leasing.push(store.clone());
+            Arc::new(store)
         }
         _ => store.clone(),
     };
@@ -390,9 +412,19 @@ async fn build(settings: &Settings) -> Result<Router, String> {
             bench::routes(settings.quota, store.clone(), settings.redis_url.as_deref()).await?;
         router = router.merge(bench.router);
         names.push_str(&bench.names);
+        leasing.extend(bench.leasing);
     }
     router = router.route("/strategies", get(move || async move { names }));
-    // Every limit the admin route may reset: the routes' and the tiers'.
+    let login = accounts::routes(&settings.accounts, store.clone(), key.clone())?;
+    router = router.merge(login.router);
+    // The admin API serves every limit: the routes', the tiers' and the
+    // failed logins'; `POST /admin/reset` resets them all.
+    let mut api = tollgate::admin::AdminApi::new()
+        .tiers(&zoo.tiers)
+        .limiter(login.failed_logins.clone());
+    for layer in &zoo.limits {
+        api = api.layer(layer);
+    }
     let resettable = zoo
         .limits
         .iter()
@@ -402,18 +434,20 @@ async fn build(settings: &Settings) -> Result<Router, String> {
                 .tiers()
                 .filter_map(|policy| zoo.tiers.limiter(policy.name())),
         )
+        .chain([login.failed_logins])
         .collect();
-    router = router.merge(accounts::routes(
-        &settings.accounts,
-        store.clone(),
+    router = router.merge(admin::routes(
+        &settings.admin,
+        api,
         key.clone(),
         resettable,
         tiger_limiter,
-    )?);
-    Ok(router
+    ));
+    let router = router
         .route("/rate_limit", get(rate_limit))
         .route("/metrics", get(move || async move { prometheus.render() }))
-        .with_state(zoo))
+        .with_state(zoo);
+    Ok(Built { router, leasing })
 }
 
 /// `RedisStore::connect`'s store, with `calls` (`ZOO_CALLS_IN_FLIGHT`)
@@ -465,8 +499,11 @@ async fn serve() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let app = match build(&settings).await {
-        Ok(app) => app,
+    let Built {
+        router: app,
+        leasing,
+    } = match build(&settings).await {
+        Ok(built) => built,
         Err(e) => {
             eprintln!("zoo: {e}");
             return ExitCode::from(2);
@@ -498,17 +535,23 @@ async fn serve() -> ExitCode {
     }
     println!("  {}", settings.tiers.describe());
     println!("  {}", settings.tokens.describe());
-    for line in settings.accounts.describe() {
+    println!("  {}", settings.accounts.describe());
+    for line in settings.admin.describe() {
         println!("  {line}");
     }
+    // Stop accepting, finish the requests in flight, then give back what
+    // the leasing stores hold: a lease kept would be lost until its window
+    // ends, and other servers would under-admit meanwhile.
     let served = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    .with_graceful_shutdown(stop_signal())
     .await;
+    for store in &leasing {
+        let units = store.return_leases().await;
+        println!("zoo: gave back {units} leased unit(s)");
+    }
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -516,4 +559,29 @@ async fn serve() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Resolves at the first SIGTERM (what `kill`, systemd and Kubernetes
+/// send) or Ctrl-C.
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    println!("zoo: stopping: finishing the requests in flight");
 }

@@ -45,6 +45,9 @@
 #![warn(missing_debug_implementations)]
 
 pub mod access;
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 pub mod clock;
 pub mod decision;
 pub mod error;
@@ -103,7 +106,8 @@ pub use tier::TieredLayer;
     feature = "deadpool",
     feature = "throttle",
     feature = "queue",
-    feature = "metrics"
+    feature = "metrics",
+    feature = "admin"
 ))]
 mod docs_doctests {
     #[doc = include_str!("../README.md")]

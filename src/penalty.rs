@@ -110,6 +110,32 @@ impl PenaltyBox {
         Duration::from_micros(self.block_micros)
     }
 
+    /// The span rejections are counted in.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::PenaltyBox;
+    /// let b = PenaltyBox::new(NonZeroU32::MIN, Duration::from_secs(10), Duration::from_secs(60)).unwrap();
+    /// assert_eq!(b.within(), Duration::from_secs(10));
+    /// ```
+    pub fn within(&self) -> Duration {
+        Duration::from_micros(self.within_micros)
+    }
+
+    /// The longest block: the first, unless blocks double
+    /// ([`doubling_up_to`](Self::doubling_up_to)).
+    ///
+    /// ```
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::PenaltyBox;
+    /// let b = PenaltyBox::new(NonZeroU32::MIN, Duration::from_secs(10), Duration::from_secs(60)).unwrap();
+    /// assert_eq!(b.cap(), Duration::from_secs(60));
+    /// assert_eq!(b.doubling_up_to(Duration::from_secs(600)).unwrap().cap(), Duration::from_secs(600));
+    /// ```
+    pub fn cap(&self) -> Duration {
+        Duration::from_micros(self.cap_micros)
+    }
+
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The script's arguments: strikes, span, block and cap (µs).
     pub(crate) fn args(&self) -> [u64; 4] {

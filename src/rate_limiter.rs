@@ -453,7 +453,8 @@ impl RateLimiter {
 
     /// Refuses `key` for `block` (1 ms to a year) on every app server, as
     /// the policy's [penalty box](crate::PenaltyBox) would;
-    /// [`reset`](Self::reset) lets it out. On Redis one `EVALSHA` (`HSET`
+    /// [`unblock`](Self::unblock) lets it out (and [`reset`](Self::reset),
+    /// which forgets its counters too). On Redis one `EVALSHA` (`HSET`
     /// and `PEXPIRE`).
     ///
     /// # Errors
@@ -494,6 +495,54 @@ impl RateLimiter {
         }
         core.forget(key);
         Ok(())
+    }
+
+    /// Lets `key` out of the penalty box, whether a block by hand or by
+    /// its strikes put it there, on every app server at its next decision,
+    /// and clears its strikes; its counters stay (unlike
+    /// [`reset`](Self::reset), which forgets them too), so the caller's
+    /// quota still judges it. `true` if the caller had an entry (a block,
+    /// or strikes toward one). A policy without a penalty box has none:
+    /// `false`, with no store call. On Redis one `EVALSHA` (a `DEL` of the
+    /// caller's penalty key). This server's cache of rejections and
+    /// fallback forget the key; another server's cache of rejections keeps
+    /// repeating a block it saw until the block's end.
+    ///
+    /// # Errors
+    ///
+    /// The main store's [`StoreError`]; a store of your own that does not
+    /// implement [`Store::unblock`] refuses.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Key, MemoryStore, PenaltyBox, Policy, Quota, RateLimiter};
+    /// let ten = NonZeroU32::new(10).unwrap();
+    /// let penalty = PenaltyBox::new(ten, Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+    /// let policy = Policy::fixed_window("login", Quota::per_minute(ten)).with_penalty_box(penalty);
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new()).unwrap();
+    /// let mallory = Key::new("mallory");
+    /// limiter.check(&mallory, 4).await.unwrap();
+    /// limiter.block(&mallory, Duration::from_secs(3600)).await.unwrap();
+    /// assert!(limiter.unblock(&mallory).await.unwrap());
+    /// let next = limiter.check(&mallory, 1).await.unwrap();
+    /// assert!(next.allowed && next.used == 5, "out of the box, the 4 units it spent still count");
+    /// # }
+    /// ```
+    pub async fn unblock(&self, key: &Key) -> Result<bool, StoreError> {
+        let core = &*self.core;
+        let policy = &core.config.policy;
+        if policy.penalty_box().is_none() {
+            return Ok(false);
+        }
+        let unblock = core.config.store.unblock(policy, key);
+        let had = core.within_deadline(unblock).await.0?;
+        if let FailurePolicy::Local(local) = &core.config.failure {
+            // Best effort: the fallback only matters during an outage.
+            let _ = core.within_deadline(local.unblock(policy, key)).await;
+        }
+        core.forget(key);
+        Ok(had)
     }
 }
 

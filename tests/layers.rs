@@ -55,6 +55,8 @@ const FLOORS: &[&str] = &[
     "rate_limiter",
     "tier",
     "queue",
+    // An operator's way in: JSON routes over the limiters of the above.
+    "admin",
     "lib",
 ];
 

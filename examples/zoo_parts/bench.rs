@@ -51,6 +51,9 @@ pub struct Bench {
     pub router: Router<Zoo>,
     /// Names to list under `/strategies`, one a line.
     pub names: String,
+    /// The leasing store of `/strategies/api_key_leased`, to give its
+    /// leases back at shutdown.
+    pub leasing: Option<RedisStore>,
 }
 
 /// The bench routes: the floors, each of [`BESIDE_GOVERNOR`] under `quota`
@@ -106,6 +109,7 @@ pub async fn routes(
             "/strategies/api_key",
             get(tigerfeeding).layer(by_api_key(quota, store)?),
         );
+    let mut leased = None;
     if let Some(url) = redis_url {
         let leasing = RedisStore::connect_builder(url)
             .await
@@ -115,10 +119,15 @@ pub async fn routes(
             .map_err(|e| e.to_string())?;
         router = router.route(
             "/strategies/api_key_leased",
-            get(tigerfeeding).layer(by_api_key(quota, Arc::new(leasing))?),
+            get(tigerfeeding).layer(by_api_key(quota, Arc::new(leasing.clone()))?),
         );
+        leased = Some(leasing);
     }
-    Ok(Bench { router, names })
+    Ok(Bench {
+        router,
+        names,
+        leasing: leased,
+    })
 }
 
 /// The fixed window at `quota` on `store`, keyed by `X-Api-Key`, with

@@ -422,6 +422,38 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Box::pin(async { Err(cannot("keep runtime limits")) })
     }
 
+    /// Lets `key` out of `policy`'s penalty box: removes its entry (a block,
+    /// or strikes counting toward one) and keeps its counters, so the
+    /// caller's quota still judges it. `true` if there was an entry. On
+    /// Redis one `DEL` of the caller's penalty key in a script call. The
+    /// default refuses, as [`block`](Store::block)'s does: a store of
+    /// yours that cannot unblock says so rather than pretending.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::{num::NonZeroU32, time::Duration};
+    /// use tollgate::{Key, MemoryStore, PenaltyBox, Policy, Quota, Store};
+    /// let (one, three) = (NonZeroU32::MIN, NonZeroU32::new(3).unwrap());
+    /// let b = PenaltyBox::new(three, Duration::from_secs(1), Duration::from_secs(60)).unwrap();
+    /// let policy = Policy::fixed_window("api", Quota::per_hour(one)).with_penalty_box(b);
+    /// let store = MemoryStore::new();
+    /// let eve = Key::new("eve");
+    /// assert!(store.check(&policy, &eve, 1).await.unwrap().allowed); // her one unit this hour
+    /// store.block(&policy, &eve, Duration::from_secs(600)).await.unwrap();
+    /// assert!(store.unblock(&policy, &eve).await.unwrap());
+    /// let after = store.check(&policy, &eve, 1).await.unwrap();
+    /// assert!(!after.blocked && !after.allowed, "unblocked, her quota still spent");
+    /// # }
+    /// ```
+    fn unblock<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let _ = (policy, key);
+        Box::pin(async { Err(cannot("unblock callers")) })
+    }
+
     /// Whether this store decides inside this process, so it is never out
     /// of reach: a layer over it then keeps no record of its answers for a
     /// local fallback to start from. `false`, the default, is always safe.
@@ -617,6 +649,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         block: std::time::Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         (**self).block(policy, key, block)
+    }
+
+    fn unblock<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).unblock(policy, key)
     }
 
     fn in_process(&self) -> bool {

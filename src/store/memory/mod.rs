@@ -404,6 +404,19 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(result))
     }
 
+    fn unblock<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let had = self.with_shard(policy, key, |shard, keys, now| {
+            let had = shard.get(keys.penalty(), now).is_some();
+            shard.remove(keys.penalty());
+            had
+        });
+        Box::pin(std::future::ready(Ok(had)))
+    }
+
     fn in_process(&self) -> bool {
         true
     }

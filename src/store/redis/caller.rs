@@ -1,6 +1,7 @@
 //! The Redis store's side of a caller's own rules: the arguments and keys
 //! `lua/caller.lua` takes after a strategy's, and the operator's calls
-//! (`lua/override.lua`, `lua/block.lua`).
+//! (`lua/override.lua`, `lua/block.lua`, and `lua/reset.lua` on the
+//! penalty key alone to unblock).
 
 use std::time::Duration;
 
@@ -175,5 +176,30 @@ impl RedisStore {
             .await
             .map_err(|err| script.error(err))?;
         Ok(())
+    }
+
+    /// One `DEL` of `key`'s penalty key under `policy` (lua/reset.lua, the
+    /// reset's script, given that key alone): its counters and override
+    /// stay. `true` if the key existed.
+    pub(super) async fn unblock_caller(
+        &self,
+        policy: &Policy,
+        key: &Key,
+    ) -> Result<bool, StoreError> {
+        let no_args: [i64; 0] = [];
+        let script = &SCRIPTS.reset;
+        let removed = self
+            .connection()
+            .eval(
+                script,
+                &[self.keyspace().penalty_key(policy, key)],
+                &no_args,
+                false,
+            )
+            .await
+            .map_err(|err| script.error(err))?;
+        let removed: i64 = redis::from_redis_value(removed)
+            .map_err(|err| StoreError::protocol(format!("unblock: {err}")))?;
+        Ok(removed > 0)
     }
 }

@@ -388,6 +388,14 @@ impl Store for RedisStore {
         })
     }
 
+    fn unblock<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.unblock_caller(policy, key))
+    }
+
     fn refund<'a>(
         &'a self,
         policy: &'a Policy,

@@ -1,0 +1,220 @@
+//! What the admin API answers when it changes nothing, or cannot say
+//! whether it did: one JSON shape, `{"error": {"field": .., "message": ..}}`,
+//! and a status an operator's script can act on.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::error::{StoreError, StoreErrorKind};
+
+/// An admin request that changed nothing (bad input, an unknown policy, a
+/// store that refused), or whose change may or may not have landed (a
+/// store that timed out): its status and a JSON body naming the field at
+/// fault.
+///
+/// ```json
+/// {"error": {"field": "limit", "message": "must be at least 1, got 0"}}
+/// ```
+///
+/// A write the store may have run (a timeout, a broken connection)
+/// answers `504` with `"applied": "unknown"`: repeat it, admin writes are
+/// idempotent. A write the store refused answers `503` with
+/// `"applied": false`.
+///
+/// ```
+/// use tollgate::admin::ApiError;
+/// use tollgate::StoreError;
+///
+/// let invalid = ApiError::invalid("limit", "must be at least 1, got 0");
+/// assert_eq!((invalid.status().as_u16(), invalid.field()), (400, Some("limit")));
+///
+/// let late = ApiError::write_failed(&StoreError::timeout());
+/// assert_eq!(late.status().as_u16(), 504);
+/// assert!(late.message().contains("may or may not have been applied"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    status: StatusCode,
+    field: Option<String>,
+    message: String,
+    /// For store failures of a write: `false` (refused, nothing written)
+    /// or `None` in JSON as `"unknown"`.
+    applied: Option<Applied>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Applied {
+    No,
+    Unknown,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            field: field.map(str::to_owned),
+            message: message.into(),
+            applied: None,
+        }
+    }
+
+    /// `400`: `field` (a query parameter, a body field, `body`, `caller`)
+    /// cannot be used, for the reason `message` gives; nothing was stored.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, Some(field), message)
+    }
+
+    /// `404`: no such policy (`field` `"policy"`) or route (no field).
+    pub(crate) fn not_found(field: Option<&str>, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, field, message)
+    }
+
+    /// `405`: the route takes other methods.
+    pub(crate) fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            None,
+            "this route does not take that method; see openapi.json",
+        )
+    }
+
+    /// `409`: the policy cannot do what was asked (take overrides, block).
+    pub(crate) fn conflict(field: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, Some(field), message)
+    }
+
+    /// `413`: the body is over the limit.
+    pub(crate) fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some("body"),
+            format!("the body is larger than {limit} bytes"),
+        )
+    }
+
+    /// A change the store did not confirm: `504` when the store may have
+    /// run it (a timeout, a broken connection, an answer it could not
+    /// read), saying so and that repeating it is safe; `503` when the store
+    /// refused it (nothing written).
+    pub fn write_failed(err: &StoreError) -> Self {
+        if may_have_run(err.kind()) {
+            Self {
+                applied: Some(Applied::Unknown),
+                ..Self::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    None,
+                    format!(
+                        "{err}: the change may or may not have been applied; \
+                         admin writes are idempotent, so repeat the request"
+                    ),
+                )
+            }
+        } else {
+            Self {
+                applied: Some(Applied::No),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    format!(
+                        "{err}: the store refused the change; repeat it once the store takes it"
+                    ),
+                )
+            }
+        }
+    }
+
+    /// A read the store did not answer: `504` after a timeout, `503`
+    /// otherwise. Nothing was changed either way.
+    pub fn read_failed(err: &StoreError) -> Self {
+        let status = match err.kind() {
+            StoreErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, None, format!("{err}; nothing was changed"))
+    }
+
+    /// The status answered.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The query parameter or body field at fault, if one is.
+    pub fn field(&self) -> Option<&str> {
+        self.field.as_deref()
+    }
+
+    /// What went wrong, for people.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The JSON body.
+    fn body(&self) -> Value {
+        let mut error = json!({ "field": self.field, "message": self.message });
+        match self.applied {
+            Some(Applied::No) => error["applied"] = json!(false),
+            Some(Applied::Unknown) => error["applied"] = json!("unknown"),
+            None => {}
+        }
+        json!({ "error": error })
+    }
+}
+
+/// Whether a call that failed this way may still have run in the store: it
+/// was sent, and the answer did not come back (or made no sense).
+fn may_have_run(kind: StoreErrorKind) -> bool {
+    match kind {
+        StoreErrorKind::Timeout | StoreErrorKind::Unavailable | StoreErrorKind::Protocol => true,
+        StoreErrorKind::Rejected | StoreErrorKind::Unsupported => false,
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{}: {field}: {}", self.status, self.message),
+            None => write!(f, "{}: {}", self.status, self.message),
+        }
+    }
+}
+
+impl StdError for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_store_failure_of_a_write_says_whether_it_may_have_landed() {
+        for (kind, status, applied) in [
+            (StoreErrorKind::Timeout, 504, json!("unknown")),
+            (StoreErrorKind::Unavailable, 504, json!("unknown")),
+            (StoreErrorKind::Protocol, 504, json!("unknown")),
+            (StoreErrorKind::Rejected, 503, json!(false)),
+            (StoreErrorKind::Unsupported, 503, json!(false)),
+        ] {
+            let err = ApiError::write_failed(&StoreError::new(kind, "x"));
+            assert_eq!(err.status().as_u16(), status, "{kind:?}");
+            assert_eq!(err.body()["error"]["applied"], applied, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_read_that_timed_out_is_a_504_and_changed_nothing() {
+        let err = ApiError::read_failed(&StoreError::timeout());
+        assert_eq!(err.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert!(err.message().ends_with("nothing was changed"));
+        assert!(err.body()["error"].get("applied").is_none());
+    }
+}

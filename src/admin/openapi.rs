@@ -1,0 +1,123 @@
+//! `GET /openapi.json`: the API's OpenAPI 3.1 description, written by hand
+//! in `openapi.json` beside this file, with the caller aliases this API was
+//! built with added to every operation that names a caller.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::caller::Aliases;
+use super::Api;
+
+/// The document as written, checked against the route table by a test.
+const WRITTEN: &str = include_str!("openapi.json");
+
+/// The document served: the written one, with a query parameter for each
+/// of `aliases` beside `ip` and `route`.
+pub(super) fn document_with(aliases: &Aliases) -> String {
+    let mut doc: Value = serde_json::from_str(WRITTEN).expect("openapi.json is JSON");
+    for (name, header) in aliases.iter() {
+        let id = format!("alias.{name}");
+        doc["components"]["parameters"][&id] = json!({
+            "name": name,
+            "in": "query",
+            "required": false,
+            "description": format!("The caller's {header} header (the same as header.{header})"),
+            "schema": { "type": "string" },
+        });
+        let reference = json!({ "$ref": format!("#/components/parameters/{id}") });
+        let Some(paths) = doc["paths"].as_object_mut() else {
+            continue;
+        };
+        for item in paths.values_mut() {
+            let Some(parameters) = item["parameters"].as_array_mut() else {
+                continue;
+            };
+            if parameters
+                .iter()
+                .any(|p| p["$ref"] == "#/components/parameters/ip")
+            {
+                parameters.push(reference.clone());
+            }
+        }
+    }
+    doc.to_string()
+}
+
+/// The handler: the document this API was built with.
+pub(super) async fn document(State(api): State<Api>) -> Response {
+    (
+        [(http::header::CONTENT_TYPE, "application/json")],
+        api.openapi.clone(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::admin::routes;
+
+    /// Every (method, path) the written document describes.
+    fn documented() -> BTreeSet<(String, String)> {
+        let doc: Value = serde_json::from_str(WRITTEN).unwrap();
+        let mut out = BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for method in ["get", "put", "post", "delete", "patch", "head", "options"] {
+                if item.get(method).is_some() {
+                    out.insert((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_route_is_documented_and_every_documented_route_is_served() {
+        let served: BTreeSet<(String, String)> = routes::table()
+            .iter()
+            .map(|r| (r.method.to_string(), r.path.to_owned()))
+            .collect();
+        assert_eq!(served, documented());
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1_and_every_reference_resolves() {
+        let doc: Value = serde_json::from_str(WRITTEN).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let text = WRITTEN;
+        let mut rest = text;
+        while let Some(at) = rest.find("\"#/components/") {
+            let tail = &rest[at + 2..];
+            let end = tail.find('"').unwrap();
+            let pointer = &tail[..end];
+            assert!(doc.pointer(pointer).is_some(), "{pointer} resolves");
+            rest = &tail[end..];
+        }
+    }
+
+    #[test]
+    fn aliases_are_parameters_of_every_operation_that_names_a_caller() {
+        let mut aliases = Aliases::default();
+        aliases.add("api_key", "x-api-key");
+        let doc: Value = serde_json::from_str(&document_with(&aliases)).unwrap();
+        let alias = json!({ "$ref": "#/components/parameters/alias.api_key" });
+        for path in [
+            "/policies/{policy}/overrides/caller",
+            "/policies/{policy}/peek",
+        ] {
+            let parameters = doc["paths"][path]["parameters"].as_array().unwrap();
+            assert!(parameters.contains(&alias), "{path}");
+        }
+        let policy = doc["paths"]["/policies/{policy}"]["parameters"]
+            .as_array()
+            .unwrap();
+        assert!(!policy.contains(&alias));
+        assert_eq!(
+            doc["components"]["parameters"]["alias.api_key"]["name"],
+            "api_key"
+        );
+    }
+}

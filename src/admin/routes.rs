@@ -1,0 +1,221 @@
+//! The admin API's routes: one table of method, path and handler, which
+//! the router is built from and `openapi.json` is checked against, and
+//! the handlers, each a few lines over a [`RateLimiter`] call.
+
+use std::time::SystemTime;
+
+use axum::handler::Handler;
+use axum::routing::{on, MethodFilter, MethodRouter};
+use axum::Json;
+use http::Method;
+use serde_json::{json, Value};
+
+use super::body;
+use super::error::ApiError;
+use super::extract::{Body, Named, Target};
+use super::openapi;
+use super::view;
+use super::Api;
+use crate::error::AdminError;
+use crate::rate_limiter::RateLimiter;
+
+/// One route: what it answers and who answers it.
+pub(super) struct Route {
+    /// Also in `handler`; kept to hold `openapi.json` to the table.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub method: Method,
+    pub path: &'static str,
+    pub handler: MethodRouter<Api>,
+}
+
+fn route<H, T>(method: Method, path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Api>,
+    T: 'static,
+{
+    let filter = MethodFilter::try_from(method.clone()).expect("a method axum routes");
+    Route {
+        method,
+        path,
+        handler: on(filter, handler),
+    }
+}
+
+/// Every route the API serves. A new one is a line here, its handler
+/// below, and its operation in `openapi.json` (a test holds the two equal).
+pub(super) fn table() -> Vec<Route> {
+    const POLICY: &str = "/policies/{policy}";
+    const OVERRIDE: &str = "/policies/{policy}/overrides/caller";
+    vec![
+        route(Method::GET, "/openapi.json", openapi::document),
+        route(Method::GET, "/policies", list_policies),
+        route(Method::GET, POLICY, get_policy),
+        route(Method::GET, "/policies/{policy}/overrides", list_overrides),
+        route(Method::GET, OVERRIDE, get_override),
+        route(Method::PUT, OVERRIDE, set_override),
+        route(Method::DELETE, OVERRIDE, clear_override),
+        route(Method::PUT, "/policies/{policy}/block", block),
+        route(Method::DELETE, "/policies/{policy}/block", unblock),
+        route(Method::POST, "/policies/{policy}/reset", reset),
+        route(Method::GET, "/policies/{policy}/peek", peek),
+        // policy-wide limits: PUT|DELETE /policies/{policy}/limit and /cap land here
+    ]
+}
+
+/// `404` for a path the table does not have.
+pub(super) async fn no_route() -> ApiError {
+    ApiError::not_found(None, "no such admin route; see openapi.json")
+}
+
+/// `405` for a method the path does not take.
+pub(super) async fn wrong_method() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+type Answer = Result<Json<Value>, ApiError>;
+
+async fn list_policies(axum::extract::State(api): axum::extract::State<Api>) -> Json<Value> {
+    let policies: Vec<Value> = api.policies.values().map(view::policy).collect();
+    Json(json!({ "policies": policies }))
+}
+
+async fn get_policy(Named(limiter): Named) -> Json<Value> {
+    Json(view::policy(&limiter))
+}
+
+async fn list_overrides(Named(limiter): Named) -> Answer {
+    overridable(&limiter)?;
+    let all = limiter
+        .list_overrides()
+        .await
+        .map_err(|err| ApiError::read_failed(&err))?;
+    let listed: Vec<Value> = all.iter().map(|(key, o)| view::listed(key, o)).collect();
+    Ok(Json(
+        json!({ "policy": limiter.policy().name(), "overrides": listed }),
+    ))
+}
+
+async fn get_override(Target { limiter, key }: Target) -> Answer {
+    overridable(&limiter)?;
+    let found = limiter
+        .get_override(&key)
+        .await
+        .map_err(|err| ApiError::read_failed(&err))?;
+    Ok(Json(json!({
+        "policy": limiter.policy().name(),
+        "key": key.as_str(),
+        "override": found.as_ref().map(view::override_of),
+    })))
+}
+
+async fn set_override(Target { limiter, key }: Target, Body(bytes): Body) -> Answer {
+    overridable(&limiter)?;
+    let (quotas, field) = body::override_of(&bytes, limiter.policy(), SystemTime::now())?;
+    match limiter.set_override(&key, quotas.clone()).await {
+        Ok(()) => Ok(Json(json!({
+            "policy": limiter.policy().name(),
+            "key": key.as_str(),
+            "override": view::override_of(&quotas),
+        }))),
+        Err(err) => Err(admin_failed(&err, field)),
+    }
+}
+
+async fn clear_override(Target { limiter, key }: Target) -> Answer {
+    overridable(&limiter)?;
+    let cleared = limiter
+        .clear_override(&key)
+        .await
+        .map_err(|err| ApiError::write_failed(&err))?;
+    Ok(Json(json!({
+        "policy": limiter.policy().name(),
+        "key": key.as_str(),
+        "cleared": cleared,
+    })))
+}
+
+async fn block(Target { limiter, key }: Target, Body(bytes): Body) -> Answer {
+    has_penalty_box(&limiter)?;
+    let seconds = body::block_of(&bytes)?;
+    limiter
+        .block(&key, seconds)
+        .await
+        .map_err(|err| admin_failed(&err, "seconds"))?;
+    Ok(Json(json!({
+        "policy": limiter.policy().name(),
+        "key": key.as_str(),
+        "blocked_secs": seconds.as_secs(),
+    })))
+}
+
+async fn unblock(Target { limiter, key }: Target) -> Answer {
+    has_penalty_box(&limiter)?;
+    let unblocked = limiter
+        .unblock(&key)
+        .await
+        .map_err(|err| ApiError::write_failed(&err))?;
+    Ok(Json(json!({
+        "policy": limiter.policy().name(),
+        "key": key.as_str(),
+        "unblocked": unblocked,
+    })))
+}
+
+async fn reset(Target { limiter, key }: Target) -> Answer {
+    limiter
+        .reset(&key)
+        .await
+        .map_err(|err| ApiError::write_failed(&err))?;
+    Ok(Json(json!({
+        "policy": limiter.policy().name(),
+        "key": key.as_str(),
+        "reset": true,
+    })))
+}
+
+async fn peek(Target { limiter, key }: Target) -> Answer {
+    let state = limiter
+        .peek(&key)
+        .await
+        .map_err(|err| ApiError::read_failed(&err))?;
+    Ok(Json(view::state(limiter.policy(), &key, &state)))
+}
+
+/// `409` unless the policy takes overrides.
+fn overridable(limiter: &RateLimiter) -> Result<(), ApiError> {
+    if limiter.policy().is_overridable() {
+        return Ok(());
+    }
+    Err(ApiError::conflict(
+        "policy",
+        format!(
+            "policy {:?} takes no overrides (it is built without Policy::overridable)",
+            limiter.policy().name()
+        ),
+    ))
+}
+
+/// `409` unless the policy has a penalty box.
+fn has_penalty_box(limiter: &RateLimiter) -> Result<(), ApiError> {
+    if limiter.policy().penalty_box().is_some() {
+        return Ok(());
+    }
+    Err(ApiError::conflict(
+        "policy",
+        format!(
+            "policy {:?} has no penalty box (it is built without Policy::with_penalty_box)",
+            limiter.policy().name()
+        ),
+    ))
+}
+
+/// An operator's change the limiter did not make: `field` did not fit the
+/// policy (`400`), or the store failed.
+fn admin_failed(err: &AdminError, field: &str) -> ApiError {
+    match err {
+        AdminError::Invalid(invalid) => {
+            ApiError::invalid(field, body::reason(&invalid.to_string()))
+        }
+        AdminError::Store(store) => ApiError::write_failed(store),
+    }
+}

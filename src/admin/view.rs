@@ -1,0 +1,99 @@
+//! What the admin API shows, as JSON: a policy, its quotas, an override, a
+//! caller's state. One function per shape, so every route shows each the
+//! same way.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::overrides::Override;
+use crate::policy::{Policy, Strategy};
+use crate::quota::Quota;
+use crate::rate_limiter::RateLimiter;
+
+/// A policy as built, and whatever an operator changed policy-wide.
+///
+/// ```json
+/// {"name": "api", "strategy": "fixed_window", "quotas": [{"limit": 100, "window_secs": 3600}],
+///  "overridable": true, "penalty_box": null, "runtime": null}
+/// ```
+pub(super) fn policy(limiter: &RateLimiter) -> Value {
+    let policy = limiter.policy();
+    let mut shown = json!({
+        "name": policy.name(),
+        "strategy": policy.strategy().as_str(),
+        "quotas": quotas(policy.quotas()),
+        "overridable": policy.is_overridable(),
+        "penalty_box": policy.penalty_box().map(|b| json!({
+            "strikes": b.strikes().get(),
+            "within_secs": secs(b.within()),
+            "block_secs": secs(b.block()),
+            "longest_block_secs": secs(b.cap()),
+        })),
+        "runtime": runtime(limiter),
+    });
+    match policy.strategy() {
+        Strategy::Gcra { burst } => shown["burst"] = json!(burst.get()),
+        Strategy::LeakyBucket { capacity } => shown["capacity"] = json!(capacity.get()),
+        _ => {}
+    }
+    shown
+}
+
+/// The policy-wide limits an operator set at runtime.
+// policy-wide limits: the policy's runtime limit and cap (`{"limit": .., "cap": ..}`)
+// are shown here once `RateLimiter` has them; `null` means none is set.
+fn runtime(_limiter: &RateLimiter) -> Value {
+    Value::Null
+}
+
+/// Quotas as `[{"limit": N, "window_secs": S}]`.
+pub(super) fn quotas(quotas: &[Quota]) -> Value {
+    quotas
+        .iter()
+        .map(|q| json!({ "limit": q.limit(), "window_secs": secs(q.window()) }))
+        .collect()
+}
+
+/// A caller's override: its quotas and its end (Unix seconds, or `null`).
+pub(super) fn override_of(o: &Override) -> Value {
+    json!({
+        "quotas": quotas(o.quotas()),
+        "until": o.until_micros().map(|us| secs(Duration::from_micros(us))),
+    })
+}
+
+/// An override in a policy's list: the caller's key as stored, with it.
+pub(super) fn listed(key: &Key, o: &Override) -> Value {
+    let mut shown = override_of(o);
+    shown["key"] = json!(key.as_str());
+    shown
+}
+
+/// A caller's state under a policy, as a peek found it.
+pub(super) fn state(policy: &Policy, key: &Key, d: &Decision) -> Value {
+    json!({
+        "policy": policy.name(),
+        "key": key.as_str(),
+        "limit": d.limit,
+        "remaining": d.remaining,
+        "used": d.used,
+        "reset": d.reset_epoch_secs(),
+        "quota": d.quota,
+        "scope": d.scope.as_str(),
+        "blocked": d.blocked,
+        "retry_after_secs": d.retry_after_secs(),
+        "fallback": d.fallback,
+    })
+}
+
+/// Seconds, whole when they are.
+fn secs(d: Duration) -> Value {
+    if d.subsec_nanos() == 0 {
+        json!(d.as_secs())
+    } else {
+        json!(d.as_secs_f64())
+    }
+}
