@@ -353,7 +353,11 @@ async fn build(settings: &Settings) -> Result<Built, String> {
     };
     let tiger_limit = RateLimitLayer::builder()
         .headers(dialect())
-        .policy(Policy::fixed_window("tigerfeeding", settings.quota).overridable())
+        .policy(
+            Policy::fixed_window("tigerfeeding", settings.quota)
+                .overridable()
+                .adjustable(),
+        )
         .shared_store(tiger_store.clone())
         .key(key.clone())
         .build()
@@ -395,9 +399,11 @@ async fn build(settings: &Settings) -> Result<Built, String> {
             format!("/strategies/{}", policy.name()),
             policy.name().to_owned(),
         );
+        // Operators change every caller's limit at runtime
+        // (`PUT /admin/policies/{name}/limit`).
         let limit = RateLimitLayer::builder()
             .headers(dialect())
-            .policy(policy)
+            .policy(policy.adjustable())
             .shared_store(store.clone())
             .key(key.clone())
             .build()

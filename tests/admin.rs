@@ -64,6 +64,7 @@ fn app(store: Arc<dyn Store>) -> App {
     let api = layer(
         Policy::fixed_window("api", per_hour(100))
             .overridable()
+            .adjustable()
             .with_penalty_box(penalty()),
     );
     let pair = layer(
@@ -249,13 +250,18 @@ async fn policies_are_listed_as_built() {
             "strategy": "fixed_window",
             "quotas": [{"limit": 100, "window_secs": 3600}],
             "overridable": true,
+            "adjustable": true,
             "penalty_box": {"strikes": 3, "within_secs": 60, "block_secs": 60, "longest_block_secs": 60},
-            "runtime": null,
+            "runtime": {"limit": null, "cap": null},
         })
     );
     let (_, plain) = call(&app.router, &Method::GET, "/admin/policies/plain", None).await;
     assert_eq!(
         (&plain["overridable"], &plain["penalty_box"]),
+        (&json!(false), &Value::Null)
+    );
+    assert_eq!(
+        (&plain["adjustable"], &plain["runtime"]),
         (&json!(false), &Value::Null)
     );
 }
@@ -942,7 +948,7 @@ async fn every_documented_route_is_served_and_every_other_method_or_path_is_not(
     assert_eq!(status, StatusCode::OK);
     assert_eq!(doc["openapi"], "3.1.0");
     let routes = documented(&doc);
-    assert_eq!(routes.len(), 11, "{routes:?}");
+    assert_eq!(routes.len(), 15, "{routes:?}");
     let paths: BTreeSet<&String> = routes.iter().map(|(_, p)| p).collect();
     for path in paths {
         let uri = format!("/admin{}?api_key=probe", path.replace("{policy}", "api"));
@@ -992,4 +998,73 @@ async fn every_documented_route_is_served_and_every_other_method_or_path_is_not(
         .as_array()
         .unwrap();
     assert!(peek.contains(&json!({"$ref": "#/components/parameters/alias.api_key"})));
+}
+
+/// Issue 41: a policy's limit and cap for every caller through the API:
+/// set, shown in `GET /policies/{policy}` and in the decisions, cleared;
+/// refused with the field named for bad input, with a 409 for a policy
+/// whose limits are fixed; nothing stored when refused.
+#[tokio::test]
+async fn a_policy_limit_and_cap_are_set_shown_and_cleared() {
+    let app = app(Arc::new(MemoryStore::new()));
+    let api = &app.limiters[0];
+    let put = |path: &'static str, body: &'static str| {
+        let router = app.router.clone();
+        async move { call(&router, &Method::PUT, path, Some(body)).await }
+    };
+    let (status, set) = put("/admin/policies/api/limit", r#"{"limit": 10}"#).await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    assert_eq!(
+        set["value"]["quotas"],
+        json!([{"limit": 10, "window_secs": 3600}])
+    );
+    assert_eq!(api.check(&Key::new("anyone"), 1).await.unwrap().limit, 10);
+    let until = later(3_600);
+    let body = Box::leak(format!(r#"{{"limit": 5, "until": {until}}}"#).into_boxed_str());
+    let (status, _) = put("/admin/policies/api/cap", body).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, shown) = call(&app.router, &Method::GET, "/admin/policies/api", None).await;
+    assert_eq!(shown["runtime"]["limit"]["quotas"][0]["limit"], 10);
+    assert_eq!(shown["runtime"]["cap"]["quotas"][0]["limit"], 5);
+    assert_eq!(shown["runtime"]["cap"]["until"], until);
+    assert_eq!(api.check(&Key::new("anyone"), 1).await.unwrap().limit, 5);
+
+    for (body, field) in [
+        (r#"{"limit": 0}"#, "limit"),
+        (r#"{"limit": -3}"#, "limit"),
+        (r#"{"limit": 1.5}"#, "limit"),
+        (r#"{"limit": "ten"}"#, "limit"),
+        (r#"{"limit": 99999999999}"#, "limit"),
+        (r#"{"limit": 7, "until": 1}"#, "until"),
+        ("not json", "body"),
+    ] {
+        let (status, err) = put("/admin/policies/api/limit", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {err}");
+        assert_eq!(err["error"]["field"], field, "{body}");
+    }
+    let (status, err) = put("/admin/policies/plain/limit", r#"{"limit": 7}"#).await;
+    assert_eq!(
+        (status, &err["error"]["field"]),
+        (StatusCode::CONFLICT, &json!("policy"))
+    );
+    let (status, _) = put("/admin/policies/nope/limit", r#"{"limit": 7}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        api.policy_limits().await.unwrap().limit,
+        Some(Override::new(per_hour(10))),
+        "the refused ones stored nothing"
+    );
+
+    for which in ["cap", "limit"] {
+        let path = format!("/admin/policies/api/{which}");
+        let (status, cleared) = call(&app.router, &Method::DELETE, &path, None).await;
+        assert_eq!(
+            (status, &cleared["cleared"]),
+            (StatusCode::OK, &json!(true)),
+            "{which}"
+        );
+        let (_, again) = call(&app.router, &Method::DELETE, &path, None).await;
+        assert_eq!(again["cleared"], json!(false), "{which}");
+    }
+    assert_eq!(api.check(&Key::new("anyone"), 1).await.unwrap().limit, 100);
 }

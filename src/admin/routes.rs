@@ -17,6 +17,7 @@ use super::openapi;
 use super::view;
 use super::Api;
 use crate::error::AdminError;
+use crate::policy_limits::{PolicyLimit, PolicyLimits};
 use crate::rate_limiter::RateLimiter;
 
 /// One route: what it answers and who answers it.
@@ -58,7 +59,14 @@ pub(super) fn table() -> Vec<Route> {
         route(Method::DELETE, "/policies/{policy}/block", unblock),
         route(Method::POST, "/policies/{policy}/reset", reset),
         route(Method::GET, "/policies/{policy}/peek", peek),
-        // policy-wide limits: PUT|DELETE /policies/{policy}/limit and /cap land here
+        route(Method::PUT, "/policies/{policy}/limit", set_policy_limit),
+        route(
+            Method::DELETE,
+            "/policies/{policy}/limit",
+            clear_policy_limit,
+        ),
+        route(Method::PUT, "/policies/{policy}/cap", set_policy_cap),
+        route(Method::DELETE, "/policies/{policy}/cap", clear_policy_cap),
     ]
 }
 
@@ -74,13 +82,93 @@ pub(super) async fn wrong_method() -> ApiError {
 
 type Answer = Result<Json<Value>, ApiError>;
 
-async fn list_policies(axum::extract::State(api): axum::extract::State<Api>) -> Json<Value> {
-    let policies: Vec<Value> = api.policies.values().map(view::policy).collect();
-    Json(json!({ "policies": policies }))
+async fn list_policies(axum::extract::State(api): axum::extract::State<Api>) -> Answer {
+    let mut policies = Vec::with_capacity(api.policies.len());
+    for limiter in api.policies.values() {
+        policies.push(view::policy(limiter, &runtime_of(limiter).await?));
+    }
+    Ok(Json(json!({ "policies": policies })))
 }
 
-async fn get_policy(Named(limiter): Named) -> Json<Value> {
-    Json(view::policy(&limiter))
+async fn get_policy(Named(limiter): Named) -> Answer {
+    let runtime = runtime_of(&limiter).await?;
+    Ok(Json(view::policy(&limiter, &runtime)))
+}
+
+/// The runtime limit and cap in force, read from the store, for an
+/// adjustable policy.
+async fn runtime_of(limiter: &RateLimiter) -> Result<Option<PolicyLimits>, ApiError> {
+    if !limiter.policy().is_adjustable() {
+        return Ok(None);
+    }
+    let limits = limiter
+        .policy_limits()
+        .await
+        .map_err(|err| ApiError::read_failed(&err))?;
+    Ok(Some(limits))
+}
+
+async fn set_policy_limit(Named(limiter): Named, Body(bytes): Body) -> Answer {
+    set_policy_wide(limiter, bytes, PolicyLimit::Limit).await
+}
+
+async fn set_policy_cap(Named(limiter): Named, Body(bytes): Body) -> Answer {
+    set_policy_wide(limiter, bytes, PolicyLimit::Cap).await
+}
+
+async fn clear_policy_limit(Named(limiter): Named) -> Answer {
+    clear_policy_wide(limiter, PolicyLimit::Limit).await
+}
+
+async fn clear_policy_cap(Named(limiter): Named) -> Answer {
+    clear_policy_wide(limiter, PolicyLimit::Cap).await
+}
+
+/// `PUT .../limit` and `.../cap`: the body as an override's
+/// (`{"limit": N, "until": secs}` or `{"quotas": [..]}`).
+async fn set_policy_wide(limiter: RateLimiter, bytes: bytes::Bytes, which: PolicyLimit) -> Answer {
+    adjustable(&limiter)?;
+    let (value, field) = body::override_of(&bytes, limiter.policy(), SystemTime::now())?;
+    let set = match which {
+        PolicyLimit::Limit => limiter.set_policy_limit(value.clone()).await,
+        PolicyLimit::Cap => limiter.set_policy_cap(value.clone()).await,
+    };
+    match set {
+        Ok(()) => Ok(Json(json!({
+            "policy": limiter.policy().name(),
+            "which": which.as_str(),
+            "value": view::override_of(&value),
+        }))),
+        Err(err) => Err(admin_failed(&err, field)),
+    }
+}
+
+async fn clear_policy_wide(limiter: RateLimiter, which: PolicyLimit) -> Answer {
+    adjustable(&limiter)?;
+    let cleared = match which {
+        PolicyLimit::Limit => limiter.clear_policy_limit().await,
+        PolicyLimit::Cap => limiter.clear_policy_cap().await,
+    }
+    .map_err(|err| ApiError::write_failed(&err))?;
+    Ok(Json(json!({
+        "policy": limiter.policy().name(),
+        "which": which.as_str(),
+        "cleared": cleared,
+    })))
+}
+
+/// `409` unless the policy's limits may change at runtime.
+fn adjustable(limiter: &RateLimiter) -> Result<(), ApiError> {
+    if limiter.policy().is_adjustable() {
+        return Ok(());
+    }
+    Err(ApiError::conflict(
+        "policy",
+        format!(
+            "policy {:?} has fixed limits (it is built without Policy::adjustable)",
+            limiter.policy().name()
+        ),
+    ))
 }
 
 async fn list_overrides(Named(limiter): Named) -> Answer {

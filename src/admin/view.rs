@@ -10,29 +10,37 @@ use crate::decision::Decision;
 use crate::key::Key;
 use crate::overrides::Override;
 use crate::policy::{Policy, Strategy};
+use crate::policy_limits::PolicyLimits;
 use crate::quota::Quota;
 use crate::rate_limiter::RateLimiter;
 
-/// A policy as built, and whatever an operator changed policy-wide.
+/// A policy as built, and the limit and cap an operator set for every
+/// caller at runtime (`runtime`: `null` for a policy that is not
+/// adjustable).
 ///
 /// ```json
 /// {"name": "api", "strategy": "fixed_window", "quotas": [{"limit": 100, "window_secs": 3600}],
-///  "overridable": true, "penalty_box": null, "runtime": null}
+///  "overridable": true, "adjustable": true, "penalty_box": null,
+///  "runtime": {"limit": {"quotas": [{"limit": 10, "window_secs": 3600}], "until": null}, "cap": null}}
 /// ```
-pub(super) fn policy(limiter: &RateLimiter) -> Value {
+pub(super) fn policy(limiter: &RateLimiter, runtime: &Option<PolicyLimits>) -> Value {
     let policy = limiter.policy();
     let mut shown = json!({
         "name": policy.name(),
         "strategy": policy.strategy().as_str(),
         "quotas": quotas(policy.quotas()),
         "overridable": policy.is_overridable(),
+        "adjustable": policy.is_adjustable(),
         "penalty_box": policy.penalty_box().map(|b| json!({
             "strikes": b.strikes().get(),
             "within_secs": secs(b.within()),
             "block_secs": secs(b.block()),
             "longest_block_secs": secs(b.cap()),
         })),
-        "runtime": runtime(limiter),
+        "runtime": runtime.as_ref().map(|limits| json!({
+            "limit": limits.limit.as_ref().map(override_of),
+            "cap": limits.cap.as_ref().map(override_of),
+        })),
     });
     match policy.strategy() {
         Strategy::Gcra { burst } => shown["burst"] = json!(burst.get()),
@@ -40,13 +48,6 @@ pub(super) fn policy(limiter: &RateLimiter) -> Value {
         _ => {}
     }
     shown
-}
-
-/// The policy-wide limits an operator set at runtime.
-// policy-wide limits: the policy's runtime limit and cap (`{"limit": .., "cap": ..}`)
-// are shown here once `RateLimiter` has them; `null` means none is set.
-fn runtime(_limiter: &RateLimiter) -> Value {
-    Value::Null
 }
 
 /// Quotas as `[{"limit": N, "window_secs": S}]`.
