@@ -27,6 +27,7 @@ const FLOORS: &[&str] = &[
     "overrides",
     "penalty",
     "policy",
+    "policy_limits",
     "headers",
     "metrics",
     "access",
