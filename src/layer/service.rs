@@ -1,5 +1,6 @@
 //! [`RateLimit`]: the service the layer wraps around yours.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -10,7 +11,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::future::{body_of, ResponseFuture, Settle};
-use crate::limiter::{Limiter, Pass, Pending, ReleaseGuard, Step, Verdict};
+use crate::limiter::{Limiter, Pass, Pending, ReleaseGuard, Verdict};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -96,12 +97,12 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let admitted = match limiter.admit_now(&mut parts) {
-        Step::Answered((Verdict::Respond(response), _)) => {
+        ControlFlow::Break((Verdict::Respond(response), _)) => {
             return ResponseFuture::answered(response)
         }
         // Decided without waiting (an in-process store): the inner
         // service, made ready in `poll_ready`, runs in place.
-        Step::Answered((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
+        ControlFlow::Break((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
             let guard = limiter
                 .release_guard(&pass)
                 .and_then(ReleaseGuard::keep_if_held);
@@ -116,8 +117,8 @@ where
                 },
             );
         }
-        Step::Answered((Verdict::Pass(pass), _)) => Admitted::Queued(pass),
-        Step::Go(pending) => Admitted::Pending(pending),
+        ControlFlow::Break((Verdict::Pass(pass), _)) => Admitted::Queued(pass),
+        ControlFlow::Continue(pending) => Admitted::Pending(pending),
     };
     // The inner service is called later: take the one driven to
     // readiness and leave a fresh clone behind (tower's "be careful when
