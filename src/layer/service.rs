@@ -103,9 +103,7 @@ where
         // Decided without waiting (an in-process store): the inner
         // service, made ready in `poll_ready`, runs in place.
         ControlFlow::Break((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
-            let guard = limiter
-                .release_guard(&pass)
-                .and_then(ReleaseGuard::keep_if_held);
+            let guard = ReleaseGuard::for_pass(limiter, &pass).and_then(ReleaseGuard::keep_if_held);
             let future = inner.call(Request::from_parts(parts, body));
             let limiter = limiter.clone();
             return ResponseFuture::inner(
@@ -136,7 +134,7 @@ where
         };
         // Dropping this future from here on (the client left) drops the
         // guard, which gives the charge back without blocking.
-        let guard = limiter.release_guard(&pass);
+        let guard = ReleaseGuard::for_pass(&limiter, &pass);
         if let Some(delay) = pass.delay() {
             // A leaky bucket's turn: wait without blocking the runtime.
             tokio::time::sleep(delay).await;
