@@ -32,7 +32,7 @@ mod breaker;
 mod release;
 mod settle;
 
-pub(crate) use admit::Pending;
+pub(crate) use admit::{Pending, Step};
 pub(crate) use release::ReleaseGuard;
 
 /// Price of a request in quota units, from its head.
