@@ -12,7 +12,9 @@ callgrind_annotate lists a function once per source file its inlined lines
 came from, so a function's cost is the sum of its entries. The layer's own
 share is every entry of its call and its future's poll, less the inner
 service: axum's route (and tower's boxed service) inlined into the call,
-and the route's future polled from the layer's.
+and the route's future polled from the layer's. Where the poll is inlined
+into the future that polls it (axum's `Map`), its entry is that future's
+lines from tollgate's future.rs.
 """
 import os
 import re
@@ -29,6 +31,9 @@ TOLLGATE_POLLS = {
     "<tollgate::future::ResponseFuture<F,E> as core::future::future::Future>::poll",
 }
 SERVICE_FILES = ("src/layer/service.rs", "src/service.rs")
+# The response future's own file: where its poll is inlined into the future
+# that polls it (axum's `Map`), the lines from this file are its poll.
+FUTURE_FILES = ("src/layer/future.rs", "src/future.rs")
 # tollgate's RateLimit::call (request.into_parts), inlined into the
 # MapFuture::call axum wraps a layer in.
 TOLLGATE_WRAP = "<tower::util::map_future::MapFuture<S,F> as tower_service::Service<R>>::call"
@@ -66,14 +71,15 @@ def main():
     tollgate = bool(TOLLGATE_CALLS & functions)
     if tollgate:
         is_call = lambda fn: fn in TOLLGATE_CALLS
-        is_poll = lambda fn: fn in TOLLGATE_POLLS
+        # The poll, as a function of its own, or inlined into its caller.
+        is_poll = lambda f, fn: fn in TOLLGATE_POLLS or (f in FUTURE_FILES and not is_call(fn))
     elif any(fn.startswith(GOVERNOR_CALL) for fn in functions):
         is_call = lambda fn: fn.startswith(GOVERNOR_CALL)
-        is_poll = lambda fn: fn.startswith(GOVERNOR_POLL)
+        is_poll = lambda f, fn: fn.startswith(GOVERNOR_POLL)
     else:
         return
     own = sum(n for (f, fn), n in entries.items() if is_call(fn) and not INNER_FILE.search(f))
-    own += sum(n for (_, fn), n in entries.items() if is_poll(fn))
+    own += sum(n for (f, fn), n in entries.items() if is_poll(f, fn))
     if tollgate:
         for file in SERVICE_FILES:
             wrap = entries.get((file, TOLLGATE_WRAP), 0)
@@ -85,8 +91,8 @@ def main():
         if not line.strip():
             in_poll = False
         elif re.search(r"\*\s", line):
-            m = re.search(r"\*\s+\S+?:(.*?)( \[.*\])?$", line)
-            in_poll = bool(m) and is_poll(m.group(1))
+            m = re.search(r"\*\s+(\S+?):(.*?)( \[.*\])?$", line)
+            in_poll = bool(m) and is_poll(m.group(1).removeprefix(ROOT), m.group(2))
         elif in_poll and INNER_POLL in line:
             own -= count(re.match(r"\s*([\d,]+)", line).group(1))
     print(round(own / requests))

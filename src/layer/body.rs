@@ -4,10 +4,25 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::limiter::ReleaseGuard;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The response body, holding a concurrency slot until it ends.
+pub(crate) fn body_of<B>(body: B, guard: Option<ReleaseGuard>) -> axum::body::Body
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    match guard {
+        Some(guard) => axum::body::Body::new(ReleaseBody::new(body, guard)),
+        None => axum::body::Body::new(body),
+    }
+}
 
 pin_project! {
     /// A response body that releases its request's concurrency slot when it
@@ -20,7 +35,7 @@ pin_project! {
 }
 
 impl<B> ReleaseBody<B> {
-    pub(crate) fn new(inner: B, guard: ReleaseGuard) -> Self {
+    fn new(inner: B, guard: ReleaseGuard) -> Self {
         Self { inner, guard }
     }
 }

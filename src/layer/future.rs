@@ -1,30 +1,37 @@
-//! [`ResponseFuture`]: the future [`RateLimit`](crate::layer::RateLimit) returns.
+//! [`ResponseFuture`]: the future [`RateLimit`](crate::layer::RateLimit)
+//! returns, and the ways a request goes through it: answered by the layer,
+//! waiting (for the store, or its turn) before the inner service runs, the
+//! inner service running, and a settle that must be awaited.
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::Response;
+use http::request::Parts;
+use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tower_service::Service;
 
-use super::body::ReleaseBody;
-use crate::limiter::{Limiter, Pass, ReleaseGuard};
+use super::respond::{respond, Admitted, BoxedResponse, Responded};
+use crate::limiter::{Limiter, Pending, ReleaseGuard, Step, Verdict};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A response on its way back through the layer, as a boxed future.
-pub(crate) type BoxedResponse<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
+/// A request waiting to be admitted, as a boxed future.
+type BoxedWait<F> = Pin<Box<dyn Future<Output = Waited<F>> + Send>>;
 
 pin_project! {
     /// Resolves to the inner service's response, or to the layer's own.
     ///
     /// A request decided without waiting (an in-process store, an allow or
     /// deny list) runs the inner service's future in place, with nothing
-    /// allocated for the layer; one that awaits Redis runs boxed.
+    /// allocated for the layer; one that awaits Redis waits boxed, then
+    /// runs the inner service's future in place as well.
     ///
     /// Dropping it (a client that went away) cancels the store call too; no
     /// task is left behind.
@@ -39,23 +46,24 @@ pin_project! {
     enum State<F, E> {
         /// The layer answered (a 429, 400 or 503) without the inner service.
         Answered { response: Option<Response<Body>> },
-        /// Admitted at once; the inner service runs, then the pass is settled.
+        /// Awaiting the store's answer, or a leaky bucket's turn; then the
+        /// inner service is called.
+        Waiting { future: BoxedWait<F> },
+        /// Admitted; the inner service runs, then its response is settled.
         Inner {
             #[pin]
             future: F,
-            settle: Option<Settle>,
+            admitted: Option<Admitted>,
         },
-        /// Anything that awaits: the store, a queue's turn, a refund.
+        /// Anything else that awaits: a settle, a work queue's push.
         Boxed { future: BoxedResponse<E> },
     }
 }
 
-/// What settling an admitted request takes once its response is in.
-pub(crate) struct Settle {
-    pub(crate) limiter: Arc<Limiter>,
-    pub(crate) pass: Pass,
-    /// Gives a concurrency slot back when the response body ends.
-    pub(crate) guard: Option<ReleaseGuard>,
+/// How a wait ends: with the layer's answer, or the inner service called.
+enum Waited<F> {
+    Answered(Response<Body>),
+    Admitted(F, Admitted),
 }
 
 impl<F, E> ResponseFuture<F, E> {
@@ -67,15 +75,41 @@ impl<F, E> ResponseFuture<F, E> {
         }
     }
 
-    pub(crate) fn inner(future: F, settle: Settle) -> Self {
+    /// The inner service's `future`, called for a request admitted at once.
+    pub(crate) fn inner(future: F, admitted: Admitted) -> Self {
         Self {
             state: State::Inner {
                 future,
-                settle: Some(settle),
+                admitted: Some(admitted),
             },
         }
     }
 
+    /// A request that waits before `inner` is called for it: for the
+    /// store's answer ([`Limiter::admit_later`] goes on from `admission`),
+    /// or for its turn in a leaky bucket's queue. From there on it goes
+    /// the way a request admitted at once goes.
+    pub(crate) fn waiting<S, ReqBody>(
+        admission: Step<Pending>,
+        limiter: Arc<Limiter>,
+        inner: S,
+        parts: Parts,
+        body: ReqBody,
+    ) -> Self
+    where
+        S: Service<Request<ReqBody>, Future = F> + Send + 'static,
+        F: Send + 'static,
+        ReqBody: Send + 'static,
+    {
+        Self {
+            state: State::Waiting {
+                future: Box::pin(wait(admission, limiter, inner, parts, body)),
+            },
+        }
+    }
+
+    /// Any other way to a response, boxed: the work queue's push.
+    #[cfg_attr(not(feature = "queue"), allow(dead_code))]
     pub(crate) fn boxed(
         future: impl Future<Output = Result<Response<Body>, E>> + Send + 'static,
     ) -> Self {
@@ -85,6 +119,45 @@ impl<F, E> ResponseFuture<F, E> {
             },
         }
     }
+}
+
+/// [`ResponseFuture::waiting`]'s wait: the verdict, then the turn, then
+/// the inner service called.
+async fn wait<S, ReqBody>(
+    admission: Step<Pending>,
+    limiter: Arc<Limiter>,
+    mut inner: S,
+    mut parts: Parts,
+    body: ReqBody,
+) -> Waited<S::Future>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let verdict = match admission {
+        ControlFlow::Break((verdict, _)) => verdict,
+        ControlFlow::Continue(pending) => limiter.admit_later(&mut parts, pending).await,
+    };
+    let pass = match verdict {
+        Verdict::Pass(pass) => pass,
+        Verdict::Respond(response) => return Waited::Answered(response),
+    };
+    // Dropping this future from here on (the client left) drops the
+    // guard, which gives the charge back without blocking.
+    let guard = ReleaseGuard::for_pass(&limiter, &pass);
+    if let Some(delay) = pass.delay() {
+        // A leaky bucket's turn: wait without blocking the runtime.
+        tokio::time::sleep(delay).await;
+    }
+    let guard = guard.and_then(ReleaseGuard::keep_if_held);
+    let future = inner.call(Request::from_parts(parts, body));
+    Waited::Admitted(
+        future,
+        Admitted {
+            limiter,
+            pass,
+            guard,
+        },
+    )
 }
 
 impl<F, E, B> Future for ResponseFuture<F, E>
@@ -97,63 +170,30 @@ where
     type Output = Result<Response<Body>, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let refund = match self.as_mut().project().state.project() {
-            StateProj::Answered { response } => {
-                let response = response.take().expect("polled after completion");
-                return Poll::Ready(Ok(response));
-            }
-            StateProj::Boxed { future } => return future.as_mut().poll(cx),
-            StateProj::Inner { future, settle } => {
-                let response = ready!(future.poll(cx))?;
-                let (mut head, body) = response.into_parts();
-                let Settle { limiter, pass, .. } =
-                    settle.as_mut().expect("polled after completion");
-                if limiter.settle_now(pass, &mut head) {
-                    let guard = settle.as_mut().and_then(|s| s.guard.take());
-                    *settle = None;
-                    return Poll::Ready(Ok(Response::from_parts(head, body_of(body, guard))));
+        loop {
+            let next = match self.as_mut().project().state.project() {
+                StateProj::Answered { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response));
                 }
-                let settle = settle.take().expect("polled after completion");
-                settle_later(settle, head, body)
-            }
-        };
-        self.as_mut()
-            .project()
-            .state
-            .set(State::Boxed { future: refund });
-        self.poll(cx)
-    }
-}
-
-/// Settles a response whose settle must be awaited (a 304 on Redis, or an
-/// actual cost that differs from the estimate): boxed,
-/// as the rare path it is.
-fn settle_later<B, E>(settle: Settle, mut head: http::response::Parts, body: B) -> BoxedResponse<E>
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-    E: 'static,
-{
-    let Settle {
-        limiter,
-        pass,
-        guard,
-    } = settle;
-    Box::pin(async move {
-        limiter.settle(pass, &mut head).await;
-        Ok(Response::from_parts(head, body_of(body, guard)))
-    })
-}
-
-/// The response body, holding a concurrency slot until it ends.
-pub(crate) fn body_of<B>(body: B, guard: Option<ReleaseGuard>) -> Body
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    match guard {
-        Some(guard) => Body::new(ReleaseBody::new(body, guard)),
-        None => Body::new(body),
+                StateProj::Boxed { future } => return future.as_mut().poll(cx),
+                StateProj::Waiting { future } => match ready!(future.as_mut().poll(cx)) {
+                    Waited::Answered(response) => return Poll::Ready(Ok(response)),
+                    Waited::Admitted(future, admitted) => State::Inner {
+                        future,
+                        admitted: Some(admitted),
+                    },
+                },
+                StateProj::Inner { future, admitted } => {
+                    let response = ready!(future.poll(cx))?;
+                    match respond(admitted, response) {
+                        Responded::Now(response) => return Poll::Ready(Ok(response)),
+                        Responded::Later(future) => State::Boxed { future },
+                    }
+                }
+            };
+            self.as_mut().project().state.set(next);
+        }
     }
 }
 

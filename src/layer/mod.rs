@@ -12,6 +12,7 @@ pub use service::RateLimit;
 mod body;
 mod builder;
 mod future;
+mod respond;
 pub(crate) mod service;
 
 use std::fmt;

@@ -1,5 +1,6 @@
 //! [`RateLimit`]: the service the layer wraps around yours.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -9,8 +10,9 @@ use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::{body_of, ResponseFuture, Settle};
-use crate::limiter::{Limiter, Pass, Pending, ReleaseGuard, Step, Verdict};
+use super::future::ResponseFuture;
+use super::respond::Admitted;
+use crate::limiter::{Limiter, ReleaseGuard, Verdict};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -79,8 +81,10 @@ where
 }
 
 /// The request path under one limiter: [`RateLimit`]'s, and that of any
-/// service that picks a limiter per request. Kept in one place so that
-/// every way in runs the same decide, settle and release steps.
+/// service that picks a limiter per request. It dispatches on what
+/// admitting the request says at once (answered, admitted, or must wait);
+/// from there every way in goes through [`ResponseFuture`]'s one response
+/// path (`layer/respond.rs`).
 pub(crate) fn limit<S, ReqBody, ResBody>(
     inner: &mut S,
     limiter: &Arc<Limiter>,
@@ -95,62 +99,31 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let admitted = match limiter.admit_now(&mut parts) {
-        Step::Answered((Verdict::Respond(response), _)) => {
-            return ResponseFuture::answered(response)
-        }
+    match limiter.admit_now(&mut parts) {
+        ControlFlow::Break((Verdict::Respond(response), _)) => ResponseFuture::answered(response),
         // Decided without waiting (an in-process store): the inner
         // service, made ready in `poll_ready`, runs in place.
-        Step::Answered((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
-            let guard = limiter
-                .release_guard(&pass)
-                .and_then(ReleaseGuard::keep_if_held);
+        ControlFlow::Break((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
+            let guard = ReleaseGuard::for_pass(limiter, &pass);
             let future = inner.call(Request::from_parts(parts, body));
             let limiter = limiter.clone();
-            return ResponseFuture::inner(
+            ResponseFuture::inner(
                 future,
-                Settle {
+                Admitted {
                     limiter,
                     pass,
                     guard,
                 },
-            );
+            )
         }
-        Step::Answered((Verdict::Pass(pass), _)) => Admitted::Queued(pass),
-        Step::Go(pending) => Admitted::Pending(pending),
-    };
-    // The inner service is called later: take the one driven to
-    // readiness and leave a fresh clone behind (tower's "be careful when
-    // cloning inner services").
-    let clone = inner.clone();
-    let mut inner = std::mem::replace(inner, clone);
-    let limiter = limiter.clone();
-    ResponseFuture::boxed(async move {
-        let pass = match admitted {
-            Admitted::Queued(pass) => pass,
-            Admitted::Pending(pending) => match limiter.admit_later(&mut parts, pending).await {
-                Verdict::Pass(pass) => pass,
-                Verdict::Respond(response) => return Ok(response),
-            },
-        };
-        // Dropping this future from here on (the client left) drops the
-        // guard, which gives the charge back without blocking.
-        let guard = limiter.release_guard(&pass);
-        if let Some(delay) = pass.delay() {
-            // A leaky bucket's turn: wait without blocking the runtime.
-            tokio::time::sleep(delay).await;
+        // Waits for the store's answer, or its turn in a leaky bucket's
+        // queue. The inner service is called later: take the one driven to
+        // readiness and leave a fresh clone behind (tower's "be careful
+        // when cloning inner services").
+        admission => {
+            let clone = inner.clone();
+            let inner = std::mem::replace(inner, clone);
+            ResponseFuture::waiting(admission, limiter.clone(), inner, parts, body)
         }
-        let guard = guard.and_then(ReleaseGuard::keep_if_held);
-        let response = inner.call(Request::from_parts(parts, body)).await?;
-        let (mut head, body) = response.into_parts();
-        limiter.settle(pass, &mut head).await;
-        Ok(Response::from_parts(head, body_of(body, guard)))
-    })
-}
-
-/// A request admitted by [`Limiter::admit_now`] that still has to wait: for
-/// the store's answer, or for its turn in a leaky bucket's queue.
-enum Admitted {
-    Queued(Pass),
-    Pending(Pending),
+    }
 }

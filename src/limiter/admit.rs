@@ -1,10 +1,13 @@
 //! Admitting a request, in the order a request meets the steps:
 //! [`Limiter::admit_now`] checks the access lists, identifies the caller,
 //! asks the local deciders, then the main store, and judges its decision;
-//! a step that can answer the request returns [`Step::Answered`]. When the
+//! a step that can answer the request breaks off with the answer
+//! ([`ControlFlow::Break`]), and `?` returns it. When the
 //! store must be awaited (Redis), [`Limiter::admit_later`] goes on from
 //! there. Also the peek, which asks without charging, and what the process
 //! remembers of the main store's decisions.
+
+use std::ops::ControlFlow;
 
 use axum::body::Body;
 use http::request::Parts;
@@ -24,23 +27,11 @@ use crate::policy::Policy;
 use crate::response;
 use crate::store::Store;
 
-/// One step of admission: the request is answered now (a verdict and how
-/// it is counted), or goes on with what the next step needs.
-pub(crate) enum Step<T> {
-    Answered(Decided),
-    Go(T),
-}
-
-/// The value a step goes on with; returns from the calling function when
-/// the step answered the request (as `?` does for an error).
-macro_rules! go {
-    ($step:expr) => {
-        match $step {
-            Step::Go(next) => next,
-            Step::Answered(decided) => return Step::Answered(decided),
-        }
-    };
-}
+/// One step of admission: the request is answered now
+/// ([`Break`](ControlFlow::Break), with a verdict and how it is counted),
+/// or goes on ([`Continue`](ControlFlow::Continue)) with what the next
+/// step needs. `?` on a step returns its answer from the steps that called it.
+pub(crate) type Step<T> = ControlFlow<Decided, T>;
 
 /// A request [`Limiter::admit_now`] could not decide without awaiting a
 /// store; [`Limiter::admit_later`] goes on from here.
@@ -87,7 +78,7 @@ impl Limiter {
             remaining = tracing::field::Empty,
         );
         let step = span.in_scope(|| self.decide_now(parts, &span));
-        if let Step::Answered((_, outcome)) = &step {
+        if let ControlFlow::Break((_, outcome)) = &step {
             self.record(*outcome, &span);
         }
         step
@@ -108,16 +99,18 @@ impl Limiter {
     /// The steps, in order, each answering the request or handing the
     /// next what it needs.
     fn decide_now(&self, parts: &mut Parts, span: &tracing::Span) -> Step<Pending> {
-        go!(self.check_lists(parts));
-        let key = go!(self.identify(parts, span));
+        self.check_lists(parts)?;
+        let key = self.identify(parts, span)?;
         let cost = self.cost_of(parts);
         let judged = self.limit_of(parts);
-        go!(self.ask_local_deciders(&key, cost));
+        self.ask_local_deciders(&key, cost)?;
         let policy = judged.as_ref().unwrap_or(&self.config.policy);
         match self.ask_main_now(policy, &key, cost) {
-            Some(Ok(decision)) => Step::Answered(self.judge_main(parts, key, cost, decision, span)),
+            Some(Ok(decision)) => {
+                ControlFlow::Break(self.judge_main(parts, key, cost, decision, span))
+            }
             Some(Err(err)) => self.fall_back_now(parts, key, cost, judged, err, span),
-            None => Step::Go(Pending::new(key, cost, judged, None, span)),
+            None => ControlFlow::Continue(Pending::new(key, cost, judged, None, span)),
         }
     }
 
@@ -136,8 +129,8 @@ impl Limiter {
             None => match self.ask_main_as(policy, &key, cost).await {
                 Ok(decision) => return self.judge_main(parts, key, cost, decision, &span),
                 Err(err) => match self.on_failure(parts, err) {
-                    Step::Go(fallback) => fallback,
-                    Step::Answered(decided) => return decided,
+                    ControlFlow::Continue(fallback) => fallback,
+                    ControlFlow::Break(decided) => return decided,
                 },
             },
             Some(kind) => match &self.config.failure {
@@ -162,13 +155,13 @@ impl Limiter {
     /// The allow and deny lists: through undecided, or refused.
     fn check_lists(&self, parts: &Parts) -> Step<()> {
         match self.config.access.check(parts) {
-            None => Step::Go(()),
+            None => ControlFlow::Continue(()),
             Some(Listed::Allowed) => {
-                Step::Answered((Verdict::Pass(Pass::bare(None)), Outcome::AllowListed))
+                ControlFlow::Break((Verdict::Pass(Pass::bare(None)), Outcome::AllowListed))
             }
             Some(Listed::Denied) => {
                 let response = response::denied(self.config.limited_status, &self.config.policy);
-                Step::Answered((Verdict::Respond(response), Outcome::DenyListed))
+                ControlFlow::Break((Verdict::Respond(response), Outcome::DenyListed))
             }
         }
     }
@@ -183,9 +176,9 @@ impl Limiter {
                 if !span.is_disabled() {
                     span.record("key", key.hashed());
                 }
-                Step::Go(key)
+                ControlFlow::Continue(key)
             }
-            Err(err) => Step::Answered(self.unidentified(err)),
+            Err(err) => ControlFlow::Break(self.unidentified(err)),
         }
     }
 
@@ -214,10 +207,10 @@ impl Limiter {
                 .local
                 .before_store(&self.config.policy, key, cost, self.config.shadow);
         match answer {
-            None => Step::Go(()),
+            None => ControlFlow::Continue(()),
             Some(LocalAnswer::Throttled { retry_after }) => {
                 let response = response::throttled(self.config.limited_status, retry_after);
-                Step::Answered((Verdict::Respond(response), Outcome::Throttled))
+                ControlFlow::Break((Verdict::Respond(response), Outcome::Throttled))
             }
             Some(LocalAnswer::Rejected(decision)) => {
                 let response = response::limited(
@@ -226,7 +219,7 @@ impl Limiter {
                     &decision,
                     &self.config.headers,
                 );
-                Step::Answered((Verdict::Respond(response), Outcome::Limited))
+                ControlFlow::Break((Verdict::Respond(response), Outcome::Limited))
             }
         }
     }
@@ -291,12 +284,14 @@ impl Limiter {
         err: StoreError,
         span: &tracing::Span,
     ) -> Step<Pending> {
-        let (local, kind) = go!(self.on_failure(parts, err));
+        let (local, kind) = self.on_failure(parts, err)?;
         self.seed(local, &key);
         let policy = judged.as_ref().unwrap_or(&self.config.policy);
         match local.check_now(policy, &key, cost) {
-            Some(result) => Step::Answered(self.fallen_back(parts, key, cost, kind, result, span)),
-            None => Step::Go(Pending::new(key, cost, judged, Some(kind), span)),
+            Some(result) => {
+                ControlFlow::Break(self.fallen_back(parts, key, cost, kind, result, span))
+            }
+            None => ControlFlow::Continue(Pending::new(key, cost, judged, Some(kind), span)),
         }
     }
 

@@ -4,6 +4,7 @@
 //! said), and the deadline every store call is awaited within.
 
 use std::future::poll_fn;
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
@@ -34,18 +35,18 @@ impl Limiter {
         parts.extensions.insert(Fallback { kind });
         match &self.config.failure {
             FailurePolicy::Open => {
-                Step::Answered((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
+                ControlFlow::Break((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
             }
             // Shadow mode never rejects: fail open instead.
             FailurePolicy::Closed { .. } if self.config.shadow => {
-                Step::Answered((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
+                ControlFlow::Break((Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen))
             }
             FailurePolicy::Closed { retry_after } => {
                 let secs = (retry_after.as_micros() as u64).div_ceil(1_000_000);
                 let response = response::unavailable(secs);
-                Step::Answered((Verdict::Respond(response), Outcome::FailClosed))
+                ControlFlow::Break((Verdict::Respond(response), Outcome::FailClosed))
             }
-            FailurePolicy::Local(local) => Step::Go((local, kind)),
+            FailurePolicy::Local(local) => ControlFlow::Continue((local, kind)),
         }
     }
 

@@ -16,7 +16,7 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 
 use crate::access::Access;
-use crate::decision::Decision;
+use crate::decision::{Decision, Receipt};
 use crate::error::StoreErrorKind;
 use crate::failure::{FailurePolicy, Health};
 use crate::headers::PolicyHeaders;
@@ -189,6 +189,32 @@ impl Pass {
             decision: None,
             decider: Decider::Main,
             degraded,
+        }
+    }
+}
+
+impl Limiter {
+    /// What `pass` charged and where: the store that decided (settles,
+    /// refunds and releases go back to it), the key and the receipt; `None`
+    /// for a pass let through without a decision. The one place the settle
+    /// at once ([`settle_now`](Self::settle_now)), the awaited one and the
+    /// release guard ([`ReleaseGuard::for_pass`]) find what to give back.
+    fn charge_of<'a>(
+        &'a self,
+        pass: &'a Pass,
+    ) -> Option<(&'a Arc<dyn Store>, &'a Key, &'a Receipt)> {
+        match (&pass.key, &pass.decision) {
+            (Some(key), Some(decision)) => {
+                Some((self.store_of(pass.decider), key, &decision.receipt))
+            }
+            _ => None,
+        }
+    }
+
+    fn store_of(&self, decider: Decider) -> &Arc<dyn Store> {
+        match (decider, &self.config.failure) {
+            (Decider::Fallback, FailurePolicy::Local(local)) => local,
+            _ => &self.config.store,
         }
     }
 }

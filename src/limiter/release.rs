@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Waker};
 
-use super::Limiter;
+use super::{Limiter, Pass};
 use crate::decision::Receipt;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -33,18 +33,31 @@ struct Release {
 }
 
 impl ReleaseGuard {
-    pub(crate) fn new(
-        limiter: Arc<Limiter>,
-        store: Arc<dyn Store>,
-        key: Key,
-        receipt: Receipt,
-    ) -> Self {
-        Self(Some(Box::new(Release {
-            limiter,
-            store,
-            key,
-            receipt,
-        })))
+    /// A guard that gives `pass`'s charge back, without blocking, if it is
+    /// dropped while armed: for a leaky bucket's pass while it waits its turn
+    /// (the client may leave), for a concurrency slot until the response body
+    /// ends. `None` when there is nothing to give back.
+    pub(crate) fn for_pass(limiter: &Arc<Limiter>, pass: &Pass) -> Option<Self> {
+        let gives_back = pass.delay().is_some() || limiter.config.holds_until_response_ends;
+        if !gives_back {
+            return None;
+        }
+        Self::for_charge(limiter, pass)
+    }
+
+    /// [`for_pass`](Self::for_pass) past its quick "nothing to give back",
+    /// the answer for nearly every pass.
+    fn for_charge(limiter: &Arc<Limiter>, pass: &Pass) -> Option<Self> {
+        let (store, key, receipt) = limiter.charge_of(pass)?;
+        if receipt.is_empty() {
+            return None;
+        }
+        Some(Self(Some(Box::new(Release {
+            limiter: limiter.clone(),
+            store: store.clone(),
+            key: key.clone(),
+            receipt: receipt.clone(),
+        }))))
     }
 
     /// The request is about to run: a place in a leaky bucket's queue is now

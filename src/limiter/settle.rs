@@ -1,20 +1,13 @@
 //! Settling a request after the inner service answered: its charge
 //! settled to what it really cost (a refunded status costs zero: the `304`
-//! refund), the guard that releases a held slot or a waiting pass, and the
-//! headers, marked when the decision was degraded.
-
-use std::sync::Arc;
+//! refund), and the headers, marked when the decision was degraded.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::response::Parts;
 
-use super::release::ReleaseGuard;
 use super::{Decider, Limiter, Pass};
-use crate::decision::{ActualCost, Receipt};
+use crate::decision::ActualCost;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::failure::FailurePolicy;
-use crate::key::Key;
-use crate::store::Store;
 
 static FALLBACK: HeaderName = HeaderName::from_static("x-ratelimit-fallback");
 
@@ -148,57 +141,6 @@ impl Limiter {
             self.config
                 .headers
                 .apply(headers, &self.config.policy, decision);
-        }
-    }
-
-    /// A guard that gives `pass`'s charge back, without blocking, if it is
-    /// dropped while armed: for a leaky bucket's pass while it waits its turn
-    /// (the client may leave), for a concurrency slot until the response body
-    /// ends. `None` when there is nothing to give back.
-    pub(crate) fn release_guard(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
-        let gives_back = pass.delay().is_some() || self.config.holds_until_response_ends;
-        if !gives_back {
-            return None;
-        }
-        self.guard_for(pass)
-    }
-
-    /// [`release_guard`](Self::release_guard) past its quick "nothing to
-    /// give back", the answer for nearly every pass.
-    fn guard_for(self: &Arc<Self>, pass: &Pass) -> Option<ReleaseGuard> {
-        let (store, key, receipt) = self.charge_of(pass)?;
-        if receipt.is_empty() {
-            return None;
-        }
-        Some(ReleaseGuard::new(
-            self.clone(),
-            store.clone(),
-            key.clone(),
-            receipt.clone(),
-        ))
-    }
-
-    /// What `pass` charged and where: the store that decided (settles,
-    /// refunds and releases go back to it), the key and the receipt; `None`
-    /// for a pass let through without a decision. The one place the settle
-    /// at once ([`settle_now`](Self::settle_now)), the awaited one and the
-    /// release guard find what to give back.
-    fn charge_of<'a>(
-        &'a self,
-        pass: &'a Pass,
-    ) -> Option<(&'a Arc<dyn Store>, &'a Key, &'a Receipt)> {
-        match (&pass.key, &pass.decision) {
-            (Some(key), Some(decision)) => {
-                Some((self.store_of(pass.decider), key, &decision.receipt))
-            }
-            _ => None,
-        }
-    }
-
-    fn store_of(&self, decider: Decider) -> &Arc<dyn Store> {
-        match (decider, &self.config.failure) {
-            (Decider::Fallback, FailurePolicy::Local(local)) => local,
-            _ => &self.config.store,
         }
     }
 }
