@@ -349,3 +349,35 @@ async fn an_outage_logs_one_warning_and_one_recovery_not_a_line_per_call() {
         assert!(recoveries[outage - 1].contains("outage_ms="), "{out}");
     }
 }
+
+/// Issue 41: a server that cannot read the runtime limits from Redis
+/// (it starts, or first judges an adjustable policy, during an outage)
+/// judges by the quotas the policies were built with and says so once,
+/// however many reads fail after.
+#[cfg(feature = "redis")]
+#[tokio::test(start_paused = true)]
+async fn a_server_that_cannot_read_the_runtime_limits_says_so_once() {
+    use std::time::Duration;
+    use tollgate::RedisStore;
+
+    capture();
+    let mut redis = support::redis::RedisServer::start();
+    let store = RedisStore::connect_builder(&redis.url())
+        .await
+        .unwrap()
+        .prefix("limits-log")
+        .build()
+        .unwrap();
+    redis.stop();
+    let policy = Policy::fixed_window("search", Quota::per_minute(NonZeroU32::new(100).unwrap()))
+        .adjustable();
+    assert!(store.judge_policy(&policy).is_none(), "the quotas as built");
+    // Three reads, each a half second apart, all failing.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(store.judge_policy(&policy).is_none());
+    }
+    let log = captured();
+    let said = "cannot read the runtime limits from Redis: judging by the quotas the policies were built with";
+    assert_eq!(log.matches(said).count(), 1, "{log}");
+}
