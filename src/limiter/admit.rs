@@ -199,9 +199,11 @@ impl Limiter {
     /// Throttling mode and the cache of known rejections, which may answer
     /// without the store.
     fn ask_local_deciders(&self, key: &Key, cost: u64) -> Step<()> {
-        self.running
-            .local
-            .limits_are(self.config.store.policy_limits_version());
+        if self.config.policy.is_adjustable() {
+            self.running
+                .local
+                .limits_are(self.config.store.policy_limits_version());
+        }
         let answer =
             self.running
                 .local
@@ -452,6 +454,10 @@ impl Limiter {
     /// The policy as the limits set at runtime judge it now, when one is in
     /// force (see [`Store::judge_policy`](crate::Store::judge_policy)).
     pub(crate) fn judged_policy(&self) -> Option<Policy> {
+        // A policy whose limits are fixed asks the store nothing.
+        if !self.config.policy.is_adjustable() {
+            return None;
+        }
         self.config.store.judge_policy(&self.config.policy)
     }
 
