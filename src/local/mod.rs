@@ -64,13 +64,14 @@ impl LocalDecisions {
         cost: u64,
         shadow: bool,
     ) -> Option<LocalAnswer> {
-        if let Some(throttle) = &self.throttle {
-            if !throttle.admit(key) && !shadow {
-                tracing::debug!(policy = policy.name(), "throttling: new caller refused");
-                return Some(LocalAnswer::Throttled {
-                    retry_after: throttle.retry_after(),
-                });
-            }
+        if let Some(throttle) = &self.throttle
+            && !throttle.admit(key)
+            && !shadow
+        {
+            tracing::debug!(policy = policy.name(), "throttling: new caller refused");
+            return Some(LocalAnswer::Throttled {
+                retry_after: throttle.retry_after(),
+            });
         }
         if shadow {
             return None;

@@ -46,10 +46,11 @@ impl RuntimeLimits {
         {
             let map = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
             let known = map.get(name)?.get(strategy)?;
-            if let Some((base, judged, until)) = &known.judged {
-                if now < *until && **base == *policy.quotas() {
-                    return judged.clone();
-                }
+            if let Some((base, judged, until)) = &known.judged
+                && now < *until
+                && **base == *policy.quotas()
+            {
+                return judged.clone();
             }
         }
         let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
@@ -95,6 +96,7 @@ impl RuntimeLimits {
 
     /// Replaces what is known with `all` (a Redis store's refresh): by
     /// policy name and strategy.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn replace(&self, all: HashMap<(String, String), PolicyLimits>) {
         let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
         let mut fresh = ByPolicy::new();

@@ -100,10 +100,10 @@ pub(crate) fn check(
 /// signed count.
 pub(crate) fn refund(windows: &mut [Option<Window>], stamps: &[u64], units: i64) {
     for (slot, stamp) in windows.iter_mut().zip(stamps) {
-        if let Some(w) = slot {
-            if w.reset_at == *stamp {
-                w.count = w.count.saturating_add_signed(units.saturating_neg());
-            }
+        if let Some(w) = slot
+            && w.reset_at == *stamp
+        {
+            w.count = w.count.saturating_add_signed(units.saturating_neg());
         }
     }
 }

@@ -251,10 +251,10 @@ impl Algorithm for Gcra {
                 Some(State::Tat(at)) => Some(*at),
                 _ => None,
             };
-            if charge(&mut tat, &policy.quotas()[0], now, stamp, extra) {
-                if let Some(at) = tat {
-                    *write = Some((State::Tat(at), at + EXPIRY_GRACE_MICROS));
-                }
+            if charge(&mut tat, &policy.quotas()[0], now, stamp, extra)
+                && let Some(at) = tat
+            {
+                *write = Some((State::Tat(at), at + EXPIRY_GRACE_MICROS));
             }
         })
     }

@@ -103,10 +103,11 @@ pub(crate) fn check(
 /// with the request that was last in line, once per refund, while the rate
 /// over any longer span is kept.
 pub(crate) fn refund(next_free: &mut Option<u64>, stamp: u64, cost: u64, interval: u64, now: u64) {
-    if let Some(free_at) = next_free {
-        if stamp > now && stamp <= *free_at {
-            *free_at = free_at.saturating_sub(cost * interval).max(now);
-        }
+    if let Some(free_at) = next_free
+        && stamp > now
+        && stamp <= *free_at
+    {
+        *free_at = free_at.saturating_sub(cost * interval).max(now);
     }
 }
 
@@ -249,10 +250,10 @@ impl Algorithm for LeakyBucket {
             _ => None,
         };
         let stamp = receipt.stamps().first().copied().unwrap_or(0);
-        if charge(&mut next_free, stamp, extra, interval, now) {
-            if let Some(t) = next_free {
-                shard.put(keys.first(), State::Leaky(t), t + EXPIRY_GRACE_MICROS);
-            }
+        if charge(&mut next_free, stamp, extra, interval, now)
+            && let Some(t) = next_free
+        {
+            shard.put(keys.first(), State::Leaky(t), t + EXPIRY_GRACE_MICROS);
         }
     }
 

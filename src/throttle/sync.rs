@@ -86,10 +86,10 @@ impl RedisSync {
         if !self.warmed {
             self.warm_up(ring, counts).await?;
         }
-        if let Some(no) = self.closing.take() {
-            if let Some(idx) = ring.index_of(no) {
-                self.publish(ring, no, idx, counts).await?;
-            }
+        if let Some(no) = self.closing.take()
+            && let Some(idx) = ring.index_of(no)
+        {
+            self.publish(ring, no, idx, counts).await?;
         }
         let no = ring.slot_no();
         let idx = ring

@@ -229,10 +229,8 @@ impl RedisServer {
             Some(child) => matches!(child.try_wait(), Ok(None)),
             None => false,
         };
-        if !alive {
-            if let Some(child) = process.take() {
-                shut(child);
-            }
+        if !alive && let Some(child) = process.take() {
+            shut(child);
         }
         alive
     }
@@ -563,10 +561,10 @@ fn poll_until<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Resul
 /// share it must keep their keys apart with [`unique_prefix`].
 pub fn shared_url() -> String {
     static SHARED: OnceLock<RedisServer> = OnceLock::new();
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        if !url.trim().is_empty() {
-            return url;
-        }
+    if let Ok(url) = std::env::var("REDIS_URL")
+        && !url.trim().is_empty()
+    {
+        return url;
     }
     SHARED.get_or_init(RedisServer::start).url()
 }

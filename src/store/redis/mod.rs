@@ -405,13 +405,13 @@ impl Store for RedisStore {
         // A slot's release, on every request of a concurrency limit, boxes
         // only its own future.
         let algorithm = policy.strategy().algorithm();
-        if algorithm.holds_until_response_ends() && !receipt.is_empty() {
-            if let GiveBack::Release(script, args) =
+        if algorithm.holds_until_response_ends()
+            && !receipt.is_empty()
+            && let GiveBack::Release(script, args) =
                 algorithm.give_back_call(policy, self.script_now(), receipt)
-            {
-                let keys = self.inner.keys.quota_keys(policy, key);
-                return Box::pin(self.release(keys, script, args));
-            }
+        {
+            let keys = self.inner.keys.quota_keys(policy, key);
+            return Box::pin(self.release(keys, script, args));
         }
         Box::pin(self.give_back(policy, key, receipt))
     }

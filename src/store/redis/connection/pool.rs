@@ -59,10 +59,10 @@ impl PooledConnection {
     ) -> RedisResult<Value> {
         let mut conn = self.connection().await?;
         let result = script.eval(&mut conn, keys, args, read_only).await;
-        if let Err(err) = &result {
-            if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error() {
-                self.lock().take();
-            }
+        if let Err(err) = &result
+            && (err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error())
+        {
+            self.lock().take();
         }
         result
     }

@@ -175,13 +175,13 @@ impl SentinelConnection {
         if let Some(current) = self.cached() {
             return Ok(current); // another request found it while we waited
         }
-        if let Some(at) = self.state().retry_at {
-            if Instant::now() < at {
-                return Err(RedisError::from((
-                    ErrorKind::Io,
-                    "no reachable primary named by the sentinels; asking again shortly",
-                )));
-            }
+        if let Some(at) = self.state().retry_at
+            && Instant::now() < at
+        {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "no reachable primary named by the sentinels; asking again shortly",
+            )));
         }
         let hint = self.state().hint.take();
         let found = tokio::time::timeout(self.discovery_timeout, async {

@@ -404,10 +404,10 @@ impl LeaseTable {
         now: u64,
     ) {
         let mut shard = self.shard(key);
-        if let Some(lease) = Self::live_lease(&mut shard, policy, key, now) {
-            if lease.charged(receipt) {
-                lease.freed_in_redis(receipt.cost(), now);
-            }
+        if let Some(lease) = Self::live_lease(&mut shard, policy, key, now)
+            && lease.charged(receipt)
+        {
+            lease.freed_in_redis(receipt.cost(), now);
         }
     }
 
