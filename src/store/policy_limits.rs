@@ -31,6 +31,9 @@ pub(crate) struct RuntimeLimits {
     any: AtomicBool,
     /// Counts the changes.
     version: AtomicU64,
+    /// Counts the changes made through this store (`set`): a read of Redis
+    /// begun before one must not undo it.
+    writes: AtomicU64,
     by_policy: RwLock<ByPolicy>,
 }
 
@@ -92,13 +95,26 @@ impl RuntimeLimits {
         known.judged = None;
         self.any.store(true, Ordering::Relaxed);
         self.version.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Counts the changes made through this store, for
+    /// [`replace`](Self::replace).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
     }
 
     /// Replaces what is known with `all` (a Redis store's refresh): by
-    /// policy name and strategy.
+    /// policy name and strategy. `writes` is [`writes`](Self::writes) when
+    /// the read began: if this store changed a limit since, the read may
+    /// predate it, and is dropped (the next one brings both).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn replace(&self, all: HashMap<(String, String), PolicyLimits>) {
+    pub(crate) fn replace(&self, all: HashMap<(String, String), PolicyLimits>, writes: u64) {
         let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
+        if self.writes() != writes {
+            return;
+        }
         let mut fresh = ByPolicy::new();
         let mut changed = false;
         for ((name, strategy), limits) in all {
@@ -164,4 +180,27 @@ pub(crate) fn read_fields(pairs: Vec<(String, String)>) -> HashMap<(String, Stri
             .set(which, Some(value));
     }
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+
+    /// A refresh read before this store's own change landed must not undo
+    /// it (the equivalence proptest found one that did).
+    #[test]
+    fn a_read_older_than_a_change_made_here_does_not_undo_it() {
+        let per_min = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+        let policy = Policy::fixed_window("search", per_min(100)).adjustable();
+        let limits = RuntimeLimits::default();
+        let before = limits.writes();
+        limits.set(&policy, PolicyLimit::Limit, Some(Override::new(per_min(4))));
+        limits.replace(HashMap::new(), before);
+        let judged = limits.judge(&policy, || 0).expect("the change stands");
+        assert_eq!(judged.quotas()[0].limit(), 4);
+        limits.replace(HashMap::new(), limits.writes());
+        assert!(limits.judge(&policy, || 0).is_none(), "a newer read does");
+    }
 }

@@ -113,12 +113,13 @@ impl RedisStore {
             loop {
                 let Some(inner) = store.upgrade() else { return };
                 let store = RedisStore { inner };
+                let writes = store.inner.policy_limits.writes();
                 match store.read_policy_limits().await {
                     Ok(all) => {
                         if heard == Some(false) {
                             tracing::info!("runtime limits read from Redis again");
                         }
-                        store.inner.policy_limits.replace(all);
+                        store.inner.policy_limits.replace(all, writes);
                         heard = Some(true);
                     }
                     Err(err) if heard.is_none() => {
