@@ -268,7 +268,8 @@ impl Policy {
         }
     }
 
-    /// Whether an operator may change every caller's limits at runtime.
+    /// Whether an operator may change every caller's limits at runtime
+    /// (see [`adjustable`](Self::adjustable)).
     pub fn is_adjustable(&self) -> bool {
         self.adjustable
     }

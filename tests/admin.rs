@@ -841,37 +841,8 @@ async fn a_write_redis_holds_past_the_deadline_is_a_504_and_lands_when_redis_let
 
 #[tokio::test]
 async fn a_store_that_refuses_is_a_503_that_applied_nothing() {
-    /// A store that decides in memory but keeps no overrides or blocks:
-    /// the trait's defaults refuse them.
-    #[derive(Debug)]
-    struct CountersOnly(MemoryStore);
-    impl Store for CountersOnly {
-        fn check<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a Key,
-            cost: u64,
-        ) -> tollgate::store::BoxFuture<'a, Result<tollgate::Decision, tollgate::StoreError>>
-        {
-            self.0.check(policy, key, cost)
-        }
-        fn peek<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a Key,
-        ) -> tollgate::store::BoxFuture<'a, Result<tollgate::Decision, tollgate::StoreError>>
-        {
-            self.0.peek(policy, key)
-        }
-        fn refund<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a Key,
-            receipt: &'a tollgate::decision::Receipt,
-        ) -> tollgate::store::BoxFuture<'a, Result<(), tollgate::StoreError>> {
-            self.0.refund(policy, key, receipt)
-        }
-    }
+    use support::counters_only::CountersOnly;
+
     let app = app(Arc::new(CountersOnly(MemoryStore::new())));
     for (method, uri, body) in [
         (

@@ -18,7 +18,7 @@ use tollgate::clock::ManualClock;
 use tollgate::layer::LocalCache;
 use tollgate::{
     AdminError, ConfigError, Key, MemoryStore, Override, PenaltyBox, Policy, Quota, RateLimitLayer,
-    RateLimiter, RedisStore, Store,
+    RateLimiter, RedisStore,
 };
 use tower::ServiceExt;
 
@@ -315,35 +315,7 @@ async fn bad_overrides_and_blocks_are_refused_and_nothing_is_stored() {
     assert_eq!(keys.len(), 1, "only the one check's counter: {keys:?}");
 
     // A store that keeps no overrides says so.
-    #[derive(Debug, Clone)]
-    struct Plain(MemoryStore);
-    impl Store for Plain {
-        fn check<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a Key,
-            cost: u64,
-        ) -> tollgate::store::BoxFuture<'a, Result<tollgate::Decision, tollgate::StoreError>>
-        {
-            self.0.check(policy, key, cost)
-        }
-        fn peek<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a Key,
-        ) -> tollgate::store::BoxFuture<'a, Result<tollgate::Decision, tollgate::StoreError>>
-        {
-            self.0.peek(policy, key)
-        }
-        fn refund<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a Key,
-            receipt: &'a tollgate::decision::Receipt,
-        ) -> tollgate::store::BoxFuture<'a, Result<(), tollgate::StoreError>> {
-            self.0.refund(policy, key, receipt)
-        }
-    }
+    use support::counters_only::CountersOnly as Plain;
     let yours = RateLimiter::new(
         Policy::fixed_window("api", per_minute(5)).overridable(),
         Plain(MemoryStore::new()),

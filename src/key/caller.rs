@@ -54,6 +54,11 @@ impl Default for Caller {
 
 impl Caller {
     /// A caller with no address, header or route yet.
+    ///
+    /// ```
+    /// use tollgate::{key::Caller, KeyExtractor, PeerIp};
+    /// assert!(PeerIp::new().key_of(&Caller::new()).is_err(), "no address to key by");
+    /// ```
     pub fn new() -> Self {
         let (parts, ()) = Request::new(()).into_parts();
         Self { parts, route: None }
@@ -110,12 +115,25 @@ impl Caller {
     }
 
     /// The route template given to [`route`](Self::route).
+    ///
+    /// ```
+    /// use tollgate::key::Caller;
+    /// assert_eq!(Caller::new().route("/users/{id}").route_template(), Some("/users/{id}"));
+    /// assert_eq!(Caller::new().route_template(), None);
+    /// ```
     pub fn route_template(&self) -> Option<&str> {
         self.route.as_deref()
     }
 
     /// The request head a request of this caller would have, for
     /// extractors that read it (closures).
+    ///
+    /// ```
+    /// use tollgate::key::Caller;
+    /// let caller = Caller::new().route("/search").header("x-tenant", "acme").unwrap();
+    /// assert_eq!(caller.parts().uri.path(), "/search");
+    /// assert_eq!(caller.parts().headers["x-tenant"], "acme");
+    /// ```
     pub fn parts(&self) -> &Parts {
         &self.parts
     }

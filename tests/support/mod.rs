@@ -5,5 +5,6 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod conformance;
+pub mod counters_only;
 pub mod counting;
 pub mod redis;
