@@ -557,22 +557,27 @@ fn check_override(policy: &Policy, quotas: &Override) -> Result<(), ConfigError>
             "the policy takes no overrides; build it with Policy::overridable".into(),
         ));
     }
+    quotas_fit(policy, quotas, "the override").map_err(invalid)
+}
+
+/// Why `quotas` (`what`: an override, a runtime limit) cannot judge
+/// `policy`'s callers: not one quota per quota of the policy's, or not
+/// valid for its strategy.
+fn quotas_fit(policy: &Policy, quotas: &Override, what: &str) -> Result<(), String> {
     if quotas.quotas().len() != policy.quotas().len() {
-        return Err(invalid(format!(
-            "the policy has {} quota(s), the override {}",
+        return Err(format!(
+            "the policy has {} quota(s), {what} {}",
             policy.quotas().len(),
             quotas.quotas().len()
-        )));
+        ));
     }
     policy
         .with_quotas(quotas.shared_quotas().clone())
         .validate()
         .map_err(|e| {
-            let why = e.to_string();
-            invalid(
-                why.trim_start_matches("invalid rate limit configuration: ")
-                    .to_owned(),
-            )
+            e.to_string()
+                .trim_start_matches("invalid rate limit configuration: ")
+                .to_owned()
         })
 }
 
@@ -756,14 +761,7 @@ fn check_policy_limit(
             "the policy's limits are fixed; build it with Policy::adjustable".into(),
         ));
     }
-    if value.quotas().len() != policy.quotas().len() {
-        return Err(invalid(format!(
-            "the policy has {} quota(s), the {} {}",
-            policy.quotas().len(),
-            which.as_str(),
-            value.quotas().len()
-        )));
-    }
+    quotas_fit(policy, value, &format!("the {}", which.as_str())).map_err(invalid)?;
     if which == PolicyLimit::Cap {
         let windows = |qs: &[crate::Quota]| qs.iter().map(|q| q.window()).collect::<Vec<_>>();
         if windows(value.quotas()) != windows(policy.quotas()) {
@@ -772,16 +770,7 @@ fn check_policy_limit(
             ));
         }
     }
-    policy
-        .with_quotas(value.shared_quotas().clone())
-        .validate()
-        .map_err(|e| {
-            let why = e.to_string();
-            invalid(
-                why.trim_start_matches("invalid rate limit configuration: ")
-                    .to_owned(),
-            )
-        })
+    Ok(())
 }
 
 /// The layer's side of [`RateLimiter`]: here rather than in `layer/`, so

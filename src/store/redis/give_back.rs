@@ -33,13 +33,23 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let keys = self.inner.keys.quota_keys(policy, key);
         let algorithm = policy.strategy().algorithm();
-        let (script, args) = match algorithm.give_back_call(policy, self.script_now(), receipt) {
-            GiveBack::Release(script, args) => return self.release(keys, script, args).await,
-            GiveBack::Refund(script, args) => (script, args),
-        };
+        match algorithm.give_back_call(policy, self.script_now(), receipt) {
+            GiveBack::Release(script, args) => self.release(keys, script, args).await,
+            GiveBack::Refund(script, args) => self.send_refund(script, &keys, &args).await,
+        }
+    }
+
+    /// One call of a strategy's refund script, alone (refunds and settles
+    /// are never batched: they apply however late).
+    async fn send_refund(
+        &self,
+        script: &'static LuaScript,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<(), StoreError> {
         self.inner
             .conn
-            .eval(script, &keys, &args, false)
+            .eval(script, keys, args, false)
             .await
             .map_err(|err| script.error(err))?;
         Ok(())
@@ -70,18 +80,11 @@ impl RedisStore {
         }
         let algorithm = policy.strategy().algorithm();
         let call = algorithm.settle_call(policy, self.script_now(), receipt, actual);
-        let (script, args) = match call {
-            None => return Ok(()),
-            Some(GiveBack::Refund(script, args)) => (script, args),
-            Some(GiveBack::Release(..)) => return Ok(()),
+        let Some(GiveBack::Refund(script, args)) = call else {
+            return Ok(());
         };
         let keys = self.inner.keys.quota_keys(policy, key);
-        self.inner
-            .conn
-            .eval(script, &keys, &args, false)
-            .await
-            .map_err(|err| script.error(err))?;
-        Ok(())
+        self.send_refund(script, &keys, &args).await
     }
 
     /// Frees what a pass held until its response ended (a concurrency
