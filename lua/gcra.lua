@@ -18,7 +18,8 @@
 -- Reply, integers only:
 --   {allowed 1|0, limit (burst), used (burst - remaining), reset_at µs (TAT:
 --    the bucket is full again), retry_after µs or -1, now µs, quota 0,
---    [on a pass: the TAT set, the refund stamp]}
+--    [on a pass: the TAT set, the refund stamp; T, the µs each unit was
+--    charged as, which a give-back moves the TAT by]}
 --
 -- dry_run   true in the store's no-writes twin of this script (peeks and
 --           pre-checks, which may run on replicas; lua/peek.lua passes it):
@@ -67,4 +68,4 @@ end
 if cost > 0 and not dry_run then
   redis.call('SET', KEYS[1], int(next), 'PX', int(math.ceil((next - now) / 1000) + 1000))
 end
-return {1, limit, limit - remaining(next), next, -1, now, 0, next}
+return {1, limit, limit - remaining(next), next, -1, now, 0, next, t}

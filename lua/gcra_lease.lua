@@ -19,7 +19,8 @@
 -- Reply, integers only:
 --   {allowed 1|0, limit (burst), used (burst - remaining, the lease
 --    included), reset_at µs (TAT), retry_after µs or -1, now µs, quota 0,
---    [on a pass: the TAT set (the refund stamp), units leased]}
+--    [on a pass: the TAT set (the refund stamp), T (the µs each unit was
+--    charged as), units leased]}
 --
 -- `int` comes from lua/prelude.lua, which the store puts first.
 
@@ -59,4 +60,4 @@ end
 local lease = math.min(ARGV[5] + 0, math.floor(remaining(next) / 2))
 next = next + lease * t
 redis.call('SET', KEYS[1], int(next), 'PX', int(math.ceil((next - now) / 1000) + 1000))
-return {1, limit, limit - remaining(next), next, -1, now, 0, next, lease}
+return {1, limit, limit - remaining(next), next, -1, now, 0, next, t, lease}

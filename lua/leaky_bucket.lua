@@ -17,7 +17,9 @@
 -- Reply, integers only:
 --   {allowed 1|0, limit (= capacity), used, reset_at µs (bucket empty),
 --    retry_after µs or -1, now µs, reported quota (always 0),
---    and on a pass: slot end µs (the refund stamp), delay µs before leaving}
+--    and on a pass: slot end µs (the refund stamp), the interval (the µs
+--    each unit was charged as, which a give-back moves the bucket by), delay
+--    µs before leaving}
 --
 -- dry_run  true in the store's no-writes twin of this script (peeks and
 --          pre-checks, which may run on replicas; lua/peek.lua passes it): it
@@ -60,4 +62,4 @@ local finish = free_at + cost * interval
 if cost > 0 and not dry_run then
   redis.call('SET', KEYS[1], int(finish), 'PX', int(math.ceil((finish - now) / 1000) + 1000))
 end
-return {1, capacity, ceil_div(after, interval), finish, -1, now, 0, finish, level}
+return {1, capacity, ceil_div(after, interval), finish, -1, now, 0, finish, interval, level}

@@ -1,6 +1,9 @@
 //! What a store answers: allowed or not, and the numbers for the headers.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::policy::Policy;
 
 /// A store's answer for one request. Headers are built from this alone, so a
 /// rejection's headers always come from the call that decided it.
@@ -58,6 +61,11 @@ pub struct Decision {
     /// Refused by the policy's [penalty box](crate::PenaltyBox): the
     /// caller is blocked until `reset_at_micros`, whatever its counters say.
     pub blocked: bool,
+    /// Units the reported quota holds as the store counted them (at most
+    /// the limit): `used`, but for a rejection, which shows the limit
+    /// used (nothing is left for it) whatever the window holds. The local
+    /// fallback starts from this.
+    pub(crate) spent: u64,
 }
 
 impl Decision {
@@ -86,10 +94,22 @@ impl Decision {
             receipt: Receipt::default(),
             fallback: false,
             blocked: false,
+            spent: used.min(limit),
         }
     }
 
     /// A rejection; `retry_after_micros` is how long until a retry can pass.
+    /// Nothing is left for this request, so it shows `remaining` 0 and
+    /// `used` the limit, whatever the window holds (the count, `used`, is
+    /// kept for the local fallback to start from): a request of 7 units
+    /// refused with 6 left is told 0 left, never 6, and the three numbers
+    /// still add up.
+    ///
+    /// ```
+    /// use tollgate::Decision;
+    /// let d = Decision::rejected(10, 4, 10_000_000, 1_000_000, 9_000_000);
+    /// assert_eq!((d.limit, d.used, d.remaining), (10, 10, 0));
+    /// ```
     pub fn rejected(
         limit: u64,
         used: u64,
@@ -101,7 +121,7 @@ impl Decision {
             allowed: false,
             limit,
             remaining: 0,
-            used: used.min(limit),
+            used: limit,
             reset_at_micros,
             now_micros,
             retry_after: Some(Duration::from_micros(retry_after_micros)),
@@ -111,6 +131,7 @@ impl Decision {
             receipt: Receipt::default(),
             fallback: false,
             blocked: false,
+            spent: used.min(limit),
         }
     }
 
@@ -142,6 +163,7 @@ impl Decision {
         self.blocked = true;
         self.remaining = 0;
         self.used = self.limit;
+        self.spent = self.limit;
         self.reset_at_micros = passes_at;
         self.retry_after = Some(Duration::from_micros(
             passes_at.saturating_sub(self.now_micros),
@@ -219,6 +241,7 @@ impl Decision {
         self.used -= back;
         self.used = self.used.min(self.limit);
         self.remaining = self.limit.saturating_sub(self.used);
+        self.spent = self.used;
         self.receipt.cost = 0;
         self
     }
@@ -246,6 +269,7 @@ impl Decision {
         };
         self.remaining = self.limit.saturating_sub(self.used);
         self.used = self.used.min(self.limit);
+        self.spent = self.used;
         self.receipt.cost = actual;
         self
     }
@@ -340,6 +364,17 @@ impl Scope {
 pub struct Receipt {
     pub(crate) cost: u64,
     pub(crate) stamps: Stamps,
+    /// For the strategies whose units are time (GCRA, the leaky bucket):
+    /// how many µs of the bucket each unit was charged as, under the
+    /// policy in force when it was charged (an override, a runtime limit,
+    /// a cap or a request's limit each change it). A give-back moves the
+    /// bucket by exactly that, whatever judges the caller by then. 0 for
+    /// the strategies that count units.
+    pub(crate) unit_micros: u64,
+    /// The policy in force when it was charged, when it was not the
+    /// policy as built (a runtime limit, a cap, a limit from the request):
+    /// a give-back or a settle of this receipt is computed with it.
+    pub(crate) charged_under: Option<Arc<Policy>>,
 }
 
 impl Receipt {
@@ -355,6 +390,34 @@ impl Receipt {
         Self::of(cost, stamps)
     }
 
+    /// This receipt, for units of `micros` µs each (see
+    /// [`unit_micros`](Self::unit_micros)).
+    ///
+    /// ```
+    /// use tollgate::decision::Receipt;
+    /// let r = Receipt::new(2, vec![10_000_000]).in_units_of(250_000);
+    /// assert_eq!(r.unit_micros(), Some(250_000));
+    /// ```
+    pub fn in_units_of(mut self, micros: u64) -> Self {
+        self.unit_micros = micros;
+        self
+    }
+
+    /// How many µs of the bucket each unit was charged as, for the
+    /// strategies whose units are time (GCRA, the leaky bucket): the
+    /// policy in force at the charge fixed it, and a give-back moves the
+    /// bucket by exactly that. `None` for the strategies that count units,
+    /// and for a receipt built without it (a give-back then takes the unit
+    /// from the policy it is given).
+    ///
+    /// ```
+    /// use tollgate::decision::Receipt;
+    /// assert_eq!(Receipt::new(1, vec![10_000_000]).unit_micros(), None);
+    /// ```
+    pub fn unit_micros(&self) -> Option<u64> {
+        (self.unit_micros > 0).then_some(self.unit_micros)
+    }
+
     /// [`Receipt::new`] from any stamps, allocating only for more than two.
     #[inline]
     pub(crate) fn of(cost: u64, stamps: impl IntoIterator<Item = u64>) -> Self {
@@ -367,7 +430,23 @@ impl Receipt {
                 Some(c) => Stamps::Heap([a, b, c].into_iter().chain(stamps).collect()),
             },
         };
-        Self { cost, stamps }
+        Self {
+            cost,
+            stamps,
+            unit_micros: 0,
+            charged_under: None,
+        }
+    }
+
+    /// This receipt, charged under `policy` (`None`: the policy as built).
+    pub(crate) fn under(mut self, policy: Option<Arc<Policy>>) -> Self {
+        self.charged_under = policy;
+        self
+    }
+
+    /// The policy in force when it was charged; `None`: the policy as built.
+    pub(crate) fn charged_under(&self) -> Option<&Arc<Policy>> {
+        self.charged_under.as_ref()
     }
 
     /// Units charged.
@@ -391,6 +470,8 @@ impl Receipt {
         Receipt {
             cost,
             stamps: self.stamps.clone(),
+            unit_micros: self.unit_micros,
+            charged_under: self.charged_under.clone(),
         }
     }
 }
@@ -466,7 +547,9 @@ mod tests {
             assert_eq!(receipt, Receipt::new(1, stamps.clone()));
             assert_eq!(
                 format!("{receipt:?}"),
-                format!("Receipt {{ cost: 1, stamps: {stamps:?} }}")
+                format!(
+                    "Receipt {{ cost: 1, stamps: {stamps:?}, unit_micros: 0, charged_under: None }}"
+                )
             );
             assert_eq!(receipt.stamps.pop(), stamps.last().copied());
             assert_eq!(receipt.stamps.len(), stamps.len().saturating_sub(1));

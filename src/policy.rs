@@ -308,7 +308,7 @@ impl Policy {
     /// limit that came with the request): the same name, so the same
     /// state. Built by `Policy::with_quotas` (`strategy/mod.rs`), which
     /// asks the strategy what the quotas make of its parameters.
-    pub(crate) fn judged_by(&self, strategy: Strategy, quotas: Arc<[Quota]>) -> Self {
+    pub(crate) fn with_parts(&self, strategy: Strategy, quotas: Arc<[Quota]>) -> Self {
         Self {
             name: self.name.clone(),
             strategy,
@@ -328,7 +328,7 @@ impl Policy {
 
     /// This policy under `cap` (a limit per quota): each quota's limit at
     /// most the cap's, and the cap kept for the caller's own rules.
-    pub(crate) fn capped_by(&self, cap: Arc<[u32]>) -> Policy {
+    pub(crate) fn with_cap(&self, cap: Arc<[u32]>) -> Policy {
         let quotas: Vec<Quota> = self
             .quotas
             .iter()

@@ -98,9 +98,9 @@ impl PolicyLimits {
             .min()
     }
 
-    /// `policy` as those in force at `now` judge it: its quotas replaced by
-    /// the limit, then capped. `None` when none is in force.
-    pub(crate) fn judge(&self, policy: &Policy, now: u64) -> Option<Policy> {
+    /// `policy` with those in force at `now`: its quotas replaced by the
+    /// limit, then capped. `None` when none is in force.
+    pub(crate) fn policy_in_force(&self, policy: &Policy, now: u64) -> Option<Policy> {
         let limits = self.in_force(now);
         if limits.limit.is_none() && limits.cap.is_none() {
             return None;
@@ -112,7 +112,7 @@ impl PolicyLimits {
         Some(match &limits.cap {
             Some(cap) => {
                 let most: Arc<[u32]> = cap.quotas().iter().map(|q| q.limit()).collect();
-                base.capped_by(most)
+                base.with_cap(most)
             }
             None => base,
         })

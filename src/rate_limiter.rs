@@ -51,7 +51,7 @@ pub struct RateLimiter {
 impl fmt::Debug for RateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("policy", &self.core.config.policy.name())
+            .field("policy", &self.core.name())
             .finish_non_exhaustive()
     }
 }
@@ -97,7 +97,7 @@ impl RateLimiter {
     /// assert_eq!(limiter.policy().name(), "ws-messages");
     /// ```
     pub fn policy(&self) -> &Policy {
-        &self.core.config.policy
+        self.core.as_built()
     }
 
     /// The key a request of `caller` gets under this limiter's layer's
@@ -150,7 +150,8 @@ impl RateLimiter {
     /// ```
     pub async fn check(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
         let core = &*self.core;
-        let err = match core.ask_main(key, cost).await {
+        let in_force = core.policy_in_force(None);
+        let err = match core.ask_main(in_force.clone(), key, cost).await {
             Ok(decision) => {
                 core.learn_from_main(key, cost, &decision);
                 return Ok(decision);
@@ -161,8 +162,8 @@ impl RateLimiter {
         let FailurePolicy::Local(local) = &core.config.failure else {
             return Err(err);
         };
-        core.seed(local, key);
-        let mut decision = core.ask(&**local, key, cost).await?;
+        core.seed(local, core.in_force(in_force.as_ref()), key);
+        let mut decision = core.ask(&**local, in_force, key, cost).await?;
         decision.fallback = true;
         Ok(decision)
     }
@@ -218,7 +219,8 @@ impl RateLimiter {
             (FailurePolicy::Local(local), true) => local,
             _ => &core.config.store,
         };
-        let refund = store.refund(&core.config.policy, key, &decision.receipt);
+        let policy = core.charged_under(&decision.receipt);
+        let refund = store.refund(policy, key, &decision.receipt);
         let result = core.within_deadline(refund).await.0;
         if result.is_ok() && !decision.fallback {
             core.running.local.refunded(key);
@@ -264,7 +266,7 @@ impl RateLimiter {
         actual: u64,
     ) -> Result<Decision, StoreError> {
         let core = &*self.core;
-        let policy = &core.config.policy;
+        let policy = core.charged_under(&decision.receipt);
         if let Some(refused) = policy.strategy().settle_refused() {
             return Err(refused);
         }
@@ -281,7 +283,7 @@ impl RateLimiter {
         if actual < charged && !decision.fallback {
             core.running.local.refunded(key);
         }
-        crate::metrics::settled(policy, charged, actual);
+        crate::metrics::settled(core.as_built(), charged, actual);
         Ok(decision.clone().settled(actual))
     }
 
@@ -311,13 +313,13 @@ impl RateLimiter {
     pub async fn reset(&self, key: &Key) -> Result<(), StoreError> {
         let core = &*self.core;
         let result = core
-            .within_deadline(core.config.store.reset(&core.config.policy, key))
+            .within_deadline(core.config.store.reset(core.as_built(), key))
             .await
             .0;
         if let FailurePolicy::Local(local) = &core.config.failure {
             // Best effort: the fallback only matters during an outage.
             let _ = core
-                .within_deadline(local.reset(&core.config.policy, key))
+                .within_deadline(local.reset(core.as_built(), key))
                 .await;
         }
         core.forget(key);
@@ -356,7 +358,7 @@ impl RateLimiter {
     /// ```
     pub async fn set_override(&self, key: &Key, quotas: Override) -> Result<(), AdminError> {
         let core = &*self.core;
-        let policy = &core.config.policy;
+        let policy = core.as_built();
         check_override(policy, &quotas)?;
         let set = core.config.store.set_override(policy, key, &quotas);
         core.within_deadline(set).await.0?;
@@ -388,7 +390,7 @@ impl RateLimiter {
     /// ```
     pub async fn get_override(&self, key: &Key) -> Result<Option<Override>, StoreError> {
         let core = &*self.core;
-        let get = core.config.store.get_override(&core.config.policy, key);
+        let get = core.config.store.get_override(core.as_built(), key);
         core.within_deadline(get).await.0
     }
 
@@ -414,7 +416,7 @@ impl RateLimiter {
     /// ```
     pub async fn clear_override(&self, key: &Key) -> Result<bool, StoreError> {
         let core = &*self.core;
-        let policy = &core.config.policy;
+        let policy = core.as_built();
         let clear = core.config.store.clear_override(policy, key);
         let cleared = core.within_deadline(clear).await.0?;
         crate::metrics::override_changed(policy, "cleared");
@@ -447,7 +449,7 @@ impl RateLimiter {
     /// ```
     pub async fn list_overrides(&self) -> Result<Vec<(Key, Override)>, StoreError> {
         let core = &*self.core;
-        let list = core.config.store.list_overrides(&core.config.policy);
+        let list = core.config.store.list_overrides(core.as_built());
         core.within_deadline(list).await.0
     }
 
@@ -479,7 +481,7 @@ impl RateLimiter {
     /// ```
     pub async fn block(&self, key: &Key, block: std::time::Duration) -> Result<(), AdminError> {
         let core = &*self.core;
-        let policy = &core.config.policy;
+        let policy = core.as_built();
         let Some(penalty) = policy.penalty_box() else {
             return Err(ConfigError::PenaltyBox {
                 why: format!("policy {:?} has no penalty box to block in", policy.name()),
@@ -531,7 +533,7 @@ impl RateLimiter {
     /// ```
     pub async fn unblock(&self, key: &Key) -> Result<bool, StoreError> {
         let core = &*self.core;
-        let policy = &core.config.policy;
+        let policy = core.as_built();
         if policy.penalty_box().is_none() {
             return Ok(false);
         }
@@ -697,7 +699,7 @@ impl RateLimiter {
     /// ```
     pub async fn policy_limits(&self) -> Result<PolicyLimits, StoreError> {
         let core = &*self.core;
-        let read = core.config.store.policy_limits(&core.config.policy);
+        let read = core.config.store.policy_limits(core.as_built());
         core.within_deadline(read).await.0
     }
 
@@ -707,7 +709,7 @@ impl RateLimiter {
         value: Option<Override>,
     ) -> Result<(), AdminError> {
         let core = &*self.core;
-        let policy = &core.config.policy;
+        let policy = core.as_built();
         if let Some(value) = &value {
             check_policy_limit(policy, which, value)?;
         }

@@ -202,8 +202,8 @@ async fn replay(
             let mut answers = Vec::new();
             for (s, store) in stores.iter().enumerate() {
                 // Judged by the limits set at runtime, as a layer judges.
-                let judged = store.judge_policy(&policy);
-                let judged = judged.as_ref().unwrap_or(&policy);
+                let in_force = store.policy_in_force(&policy);
+                let judged = in_force.as_deref().unwrap_or(&policy);
                 let answer = match op {
                     Op::Check { key, cost } => {
                         let key = Key::new(format!("k{key}"));

@@ -614,7 +614,7 @@ async fn a_lease_granted_under_an_older_quota_ends_when_the_policy_limit_changes
         .set_policy_limit(&policy, tollgate::PolicyLimit::Limit, Some(&limit))
         .await
         .unwrap();
-    let judged = server.judge_policy(&policy).unwrap();
+    let judged = server.policy_in_force(&policy).unwrap();
     let d = decide(&server, &judged, &bob).await;
     assert_eq!(
         (d.allowed, d.limit, d.remaining),

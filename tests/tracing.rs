@@ -373,11 +373,14 @@ async fn a_server_that_cannot_read_the_runtime_limits_says_so_once() {
     tokio::time::pause();
     let policy = Policy::fixed_window("search", Quota::per_minute(NonZeroU32::new(100).unwrap()))
         .adjustable();
-    assert!(store.judge_policy(&policy).is_none(), "the quotas as built");
+    assert!(
+        store.policy_in_force(&policy).is_none(),
+        "the quotas as built"
+    );
     // Three reads, each a half second apart, all failing.
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(store.judge_policy(&policy).is_none());
+        assert!(store.policy_in_force(&policy).is_none());
     }
     let log = captured();
     let said = "cannot read the runtime limits from Redis: judging by the quotas the policies were built with";

@@ -562,7 +562,7 @@ impl RateLimitLayerBuilder {
                 });
             }
             for bound in [limits.min, limits.max] {
-                policy.with_caller_limit(bound).validate()?;
+                policy.with_request_limit(bound).validate()?;
             }
         }
         let access = self.access.validate()?;
@@ -582,7 +582,7 @@ impl RateLimitLayerBuilder {
                     metrics: PolicyMetrics::new(&policy),
                     headers: PolicyHeaders::new(self.headers, &policy),
                     holds_until_response_ends: policy.strategy().holds_until_response_ends(),
-                    policy,
+                    as_built: policy,
                     store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                     key: self.key.unwrap_or_else(|| Arc::new(PeerIp::new())),
                     cost: self.cost,

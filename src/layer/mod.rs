@@ -72,7 +72,7 @@ pub struct RateLimitLayer {
 impl fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policy", &self.limiter.config.policy)
+            .field("policy", self.limiter.as_built())
             .field("store", &self.limiter.config.store)
             .field("deadline", &self.limiter.config.deadline)
             .field("shadow", &self.limiter.config.shadow)
@@ -128,7 +128,7 @@ impl RateLimitLayer {
 
     /// The policy this layer enforces.
     pub fn policy(&self) -> &Policy {
-        &self.limiter.config.policy
+        self.limiter.as_built()
     }
 
     /// The key a request of `caller` gets under this layer's extractor:

@@ -52,7 +52,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("policy", &self.limiter.config.policy)
+            .field("policy", self.limiter.as_built())
             .finish()
     }
 }

@@ -8,6 +8,7 @@
 //! remembers of the main store's decisions.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use axum::body::Body;
 use http::request::Parts;
@@ -33,13 +34,22 @@ use crate::store::Store;
 /// step needs. `?` on a step returns its answer from the steps that called it.
 pub(crate) type Step<T> = ControlFlow<Decided, T>;
 
+/// A store's decision for a request, with what judging it needs.
+pub(super) struct Judged {
+    pub(super) key: Key,
+    pub(super) cost: u64,
+    /// The policy in force, when it is not the policy as built.
+    pub(super) in_force: Option<Arc<Policy>>,
+    pub(super) decision: Decision,
+}
+
 /// A request [`Limiter::admit_now`] could not decide without awaiting a
 /// store; [`Limiter::admit_later`] goes on from here.
 pub(crate) struct Pending {
     key: Key,
     cost: u64,
-    /// The policy with the request's own limit, when it brought one.
-    judged: Option<Policy>,
+    /// The policy in force, when it is not the policy as built.
+    in_force: Option<Arc<Policy>>,
     /// `Some`: the main store failed so, and the local fallback is awaited.
     failed: Option<StoreErrorKind>,
     span: tracing::Span,
@@ -49,7 +59,7 @@ impl Pending {
     fn new(
         key: Key,
         cost: u64,
-        judged: Option<Policy>,
+        in_force: Option<Arc<Policy>>,
         failed: Option<StoreErrorKind>,
         span: &tracing::Span,
     ) -> Self {
@@ -57,7 +67,7 @@ impl Pending {
         Self {
             key,
             cost,
-            judged,
+            in_force,
             failed,
             span,
         }
@@ -72,7 +82,7 @@ impl Limiter {
     pub(crate) fn admit_now(&self, parts: &mut Parts) -> Step<Pending> {
         let span = tracing::debug_span!(
             "rate_limit",
-            policy = self.config.policy.name(),
+            policy = self.name(),
             key = tracing::field::Empty,
             outcome = tracing::field::Empty,
             remaining = tracing::field::Empty,
@@ -102,15 +112,14 @@ impl Limiter {
         self.check_lists(parts)?;
         let key = self.identify(parts, span)?;
         let cost = self.cost_of(parts);
-        let judged = self.limit_of(parts);
+        let in_force = self.policy_in_force(Some(parts));
         self.ask_local_deciders(&key, cost)?;
-        let policy = judged.as_ref().unwrap_or(&self.config.policy);
-        match self.ask_main_now(policy, &key, cost) {
+        match self.ask_main_now(self.in_force(in_force.as_ref()), &key, cost) {
             Some(Ok(decision)) => {
-                ControlFlow::Break(self.judge_main(parts, key, cost, decision, span))
+                ControlFlow::Break(self.judge_main(parts, key, cost, in_force, decision, span))
             }
-            Some(Err(err)) => self.fall_back_now(parts, key, cost, judged, err, span),
-            None => ControlFlow::Continue(Pending::new(key, cost, judged, None, span)),
+            Some(Err(err)) => self.fall_back_now(parts, key, cost, in_force, err, span),
+            None => ControlFlow::Continue(Pending::new(key, cost, in_force, None, span)),
         }
     }
 
@@ -120,14 +129,16 @@ impl Limiter {
         let Pending {
             key,
             cost,
-            judged,
+            in_force,
             failed,
             span,
         } = pending;
-        let policy = judged.as_ref().unwrap_or(&self.config.policy);
+        let policy = self.in_force(in_force.as_ref());
         let (local, kind) = match failed {
             None => match self.ask_main_as(policy, &key, cost).await {
-                Ok(decision) => return self.judge_main(parts, key, cost, decision, &span),
+                Ok(decision) => {
+                    return self.judge_main(parts, key, cost, in_force, decision, &span);
+                }
                 Err(err) => match self.on_failure(parts, err) {
                     ControlFlow::Continue(fallback) => fallback,
                     ControlFlow::Break(decided) => return decided,
@@ -139,9 +150,9 @@ impl Limiter {
                 _ => return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen),
             },
         };
-        self.seed(local, &key);
+        self.seed(local, policy, &key);
         let result = self.ask_as(policy, &**local, &key, cost).await;
-        self.fallen_back(parts, key, cost, kind, result, &span)
+        self.fallen_back(parts, key, cost, in_force, kind, result, &span)
     }
 
     fn record(&self, outcome: Outcome, span: &tracing::Span) {
@@ -160,7 +171,7 @@ impl Limiter {
                 ControlFlow::Break((Verdict::Pass(Pass::bare(None)), Outcome::AllowListed))
             }
             Some(Listed::Denied) => {
-                let response = response::denied(self.config.limited_status, &self.config.policy);
+                let response = response::denied(self.config.limited_status, self.as_built());
                 ControlFlow::Break((Verdict::Respond(response), Outcome::DenyListed))
             }
         }
@@ -183,7 +194,7 @@ impl Limiter {
     }
 
     fn unidentified(&self, err: KeyError) -> Decided {
-        tracing::debug!(policy = self.config.policy.name(), error = %err, "rate limit key not found");
+        tracing::debug!(policy = self.name(), error = %err, "rate limit key not found");
         if self.config.shadow {
             return (Verdict::Pass(Pass::bare(None)), Outcome::KeyError);
         }
@@ -199,7 +210,7 @@ impl Limiter {
     /// Throttling mode and the cache of known rejections, which may answer
     /// without the store.
     fn ask_local_deciders(&self, key: &Key, cost: u64) -> Step<()> {
-        if self.config.policy.is_adjustable() {
+        if self.as_built().is_adjustable() {
             self.running
                 .local
                 .limits_are(self.config.store.policy_limits_version());
@@ -207,7 +218,7 @@ impl Limiter {
         let answer =
             self.running
                 .local
-                .before_store(&self.config.policy, key, cost, self.config.shadow);
+                .before_store(self.as_built(), key, cost, self.config.shadow);
         match answer {
             None => ControlFlow::Continue(()),
             Some(LocalAnswer::Throttled { retry_after }) => {
@@ -217,31 +228,13 @@ impl Limiter {
             Some(LocalAnswer::Rejected(decision)) => {
                 let response = response::limited(
                     self.config.limited_status,
-                    &self.config.policy,
+                    self.as_built(),
                     &decision,
                     &self.config.headers,
                 );
                 ControlFlow::Break((Verdict::Respond(response), Outcome::Limited))
             }
         }
-    }
-
-    /// The policy this request is judged by, when it is not the policy as
-    /// built: the limits an operator set at runtime for every caller
-    /// ([`PolicyLimits`](crate::PolicyLimits)), then the limit this request
-    /// brought (see [`RateLimitLayerBuilder::limit_from_request`](crate::RateLimitLayerBuilder::limit_from_request)),
-    /// under the runtime cap.
-    fn limit_of(&self, parts: &Parts) -> Option<Policy> {
-        let runtime = self.judged_policy();
-        let Some(limits) = self.config.request_limit.as_ref() else {
-            return runtime;
-        };
-        let Some(limit) = (limits.from)(parts) else {
-            return runtime;
-        };
-        let limit = limit.clamp(limits.min, limits.max);
-        let base = runtime.as_ref().unwrap_or(&self.config.policy);
-        Some(base.with_caller_limit(limit))
     }
 
     /// The main store's answer if it gives one without waiting (an
@@ -282,18 +275,18 @@ impl Limiter {
         parts: &mut Parts,
         key: Key,
         cost: u64,
-        judged: Option<Policy>,
+        in_force: Option<Arc<Policy>>,
         err: StoreError,
         span: &tracing::Span,
     ) -> Step<Pending> {
         let (local, kind) = self.on_failure(parts, err)?;
-        self.seed(local, &key);
-        let policy = judged.as_ref().unwrap_or(&self.config.policy);
+        let policy = self.in_force(in_force.as_ref());
+        self.seed(local, policy, &key);
         match local.check_now(policy, &key, cost) {
             Some(result) => {
-                ControlFlow::Break(self.fallen_back(parts, key, cost, kind, result, span))
+                ControlFlow::Break(self.fallen_back(parts, key, cost, in_force, kind, result, span))
             }
-            None => ControlFlow::Continue(Pending::new(key, cost, judged, Some(kind), span)),
+            None => ControlFlow::Continue(Pending::new(key, cost, in_force, Some(kind), span)),
         }
     }
 
@@ -303,25 +296,36 @@ impl Limiter {
         parts: &mut Parts,
         key: Key,
         cost: u64,
+        in_force: Option<Arc<Policy>>,
         decision: Decision,
         span: &tracing::Span,
     ) -> Decided {
-        self.judge(parts, key, cost, decision, Decider::Main, None, span)
+        let judged = Judged {
+            key,
+            cost,
+            in_force,
+            decision,
+        };
+        self.judge(parts, judged, Decider::Main, None, span)
     }
 
     /// Turns a store's decision into the verdict: a rejection's response,
-    /// or a pass carrying what settling it needs.
-    #[allow(clippy::too_many_arguments)]
+    /// or a pass carrying what settling it needs, its receipt marked with
+    /// the policy in force.
     pub(super) fn judge(
         &self,
         parts: &mut Parts,
-        key: Key,
-        cost: u64,
-        mut decision: Decision,
+        judged: Judged,
         decider: Decider,
         degraded: Option<StoreErrorKind>,
         span: &tracing::Span,
     ) -> Decided {
+        let Judged {
+            key,
+            cost,
+            in_force,
+            mut decision,
+        } = judged;
         if decider == Decider::Main {
             self.learn_from_main(&key, cost, &decision);
         }
@@ -335,9 +339,11 @@ impl Limiter {
             (false, _) => Outcome::Limited,
         };
         if outcome == Outcome::Limited {
-            let response = self.rejection(&decision, decider, degraded);
+            let policy = self.in_force(in_force.as_ref());
+            let response = self.rejection(policy, &decision, decider, degraded);
             return (Verdict::Respond(response), outcome);
         }
+        decision.receipt = decision.receipt.under(in_force);
         // A shadow-limited request goes on with `allowed == false` in its
         // extensions (if asked for); its response shows the rejection's
         // headers (Remaining 0) without Retry-After. The store did not
@@ -364,13 +370,14 @@ impl Limiter {
     /// A rejection's response, marked when the decision was degraded.
     fn rejection(
         &self,
+        policy: &Policy,
         decision: &Decision,
         decider: Decider,
         degraded: Option<StoreErrorKind>,
     ) -> Response<Body> {
         let mut response = response::limited(
             self.config.limited_status,
-            &self.config.policy,
+            policy,
             decision,
             &self.config.headers,
         );
@@ -392,11 +399,11 @@ impl Limiter {
     /// `key`'s state, charging nothing: the main store within the deadline,
     /// else (with a local fallback) the fallback, marked as such.
     pub(crate) async fn peek_key(&self, key: &Key) -> Result<Decision, StoreError> {
+        let in_force = self.policy_in_force(None);
+        let policy = self.in_force(in_force.as_ref());
         let err = if self.cooling_down() {
             StoreError::cooling_down()
         } else {
-            let judged = self.judged_policy();
-            let policy = judged.as_ref().unwrap_or(&self.config.policy);
             let peek = self.config.store.peek(policy, key);
             match self.within_deadline(peek).await.0 {
                 Ok(decision) => return Ok(decision),
@@ -406,11 +413,10 @@ impl Limiter {
         let FailurePolicy::Local(local) = &self.config.failure else {
             return Err(err);
         };
-        tracing::debug!(policy = self.config.policy.name(), key = %key.hashed(), error = %err,
+        tracing::debug!(policy = self.name(), key = %key.hashed(), error = %err,
             "rate limit store failed a peek; answering from the local fallback");
-        self.seed(local, key);
-        let judged = self.judged_policy();
-        let peek = local.peek(judged.as_ref().unwrap_or(&self.config.policy), key);
+        self.seed(local, policy, key);
+        let peek = local.peek(policy, key);
         match self.within_deadline(peek).await.0 {
             Ok(mut decision) => {
                 decision.fallback = true;
@@ -428,7 +434,7 @@ impl Limiter {
         }
         self.running
             .local
-            .after_store(&self.config.policy, key, cost, decision);
+            .after_store(self.as_built(), key, cost, decision);
         if let Some(learned) = &self.running.learned {
             learned.learn(key, decision);
         }
@@ -442,27 +448,24 @@ impl Limiter {
         }
     }
 
-    /// Asks the main store, unless it failed within the cooldown: then the
-    /// failure policy applies at once instead of every request waiting out
-    /// the deadline against a store that is down or drowning.
-    pub(crate) async fn ask_main(&self, key: &Key, cost: u64) -> Result<Decision, StoreError> {
-        let judged = self.judged_policy();
-        let policy = judged.as_ref().unwrap_or(&self.config.policy);
-        self.ask_main_as(policy, key, cost).await
+    /// Asks the main store under the policy in force, unless it failed
+    /// within the cooldown: then the failure policy applies at once instead
+    /// of every request waiting out the deadline against a store that is
+    /// down or drowning. A pass's receipt carries the policy in force.
+    pub(crate) async fn ask_main(
+        &self,
+        in_force: Option<Arc<Policy>>,
+        key: &Key,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut decision = self
+            .ask_main_as(self.in_force(in_force.as_ref()), key, cost)
+            .await?;
+        decision.receipt = decision.receipt.under(in_force);
+        Ok(decision)
     }
 
-    /// The policy as the limits set at runtime judge it now, when one is in
-    /// force (see [`Store::judge_policy`](crate::Store::judge_policy)).
-    pub(crate) fn judged_policy(&self) -> Option<Policy> {
-        // A policy whose limits are fixed asks the store nothing.
-        if !self.config.policy.is_adjustable() {
-            return None;
-        }
-        self.config.store.judge_policy(&self.config.policy)
-    }
-
-    /// [`ask_main`](Self::ask_main) under `policy` (the layer's, or with a
-    /// limit the request brought).
+    /// [`ask_main`](Self::ask_main) under `policy`, the policy in force.
     async fn ask_main_as(
         &self,
         policy: &Policy,
@@ -497,15 +500,18 @@ impl Limiter {
         result
     }
 
+    /// [`ask_main`](Self::ask_main) of `store` (the local fallback).
     pub(crate) async fn ask(
         &self,
         store: &dyn Store,
+        in_force: Option<Arc<Policy>>,
         key: &Key,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let judged = self.judged_policy();
-        let policy = judged.as_ref().unwrap_or(&self.config.policy);
-        self.ask_as(policy, store, key, cost).await
+        let policy = self.in_force(in_force.as_ref());
+        let mut decision = self.ask_as(policy, store, key, cost).await?;
+        decision.receipt = decision.receipt.under(in_force);
+        Ok(decision)
     }
 
     /// [`ask`](Self::ask) under `policy`.

@@ -11,7 +11,7 @@ use std::task::Poll;
 
 use http::request::Parts;
 
-use super::admit::Step;
+use super::admit::{Judged, Step};
 use super::{Decided, Decider, Fallback, Limiter, Pass, Verdict};
 use crate::clock::monotonic_nanos;
 use crate::decision::Decision;
@@ -19,6 +19,7 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::failure::FailurePolicy;
 use crate::key::Key;
 use crate::metrics::{Outcome, Stopwatch};
+use crate::policy::Policy;
 use crate::response;
 use crate::store::{BoxFuture, Store};
 
@@ -52,27 +53,29 @@ impl Limiter {
 
     /// The verdict of the local fallback store, asked because the main one
     /// failed with `kind`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn fallen_back(
         &self,
         parts: &mut Parts,
         key: Key,
         cost: u64,
+        in_force: Option<Arc<Policy>>,
         kind: StoreErrorKind,
         result: Result<Decision, StoreError>,
         span: &tracing::Span,
     ) -> Decided {
         match result {
-            Ok(decision) => self.judge(
-                parts,
-                key,
-                cost,
-                decision,
-                Decider::Fallback,
-                Some(kind),
-                span,
-            ),
+            Ok(decision) => {
+                let judged = Judged {
+                    key,
+                    cost,
+                    in_force,
+                    decision,
+                };
+                self.judge(parts, judged, Decider::Fallback, Some(kind), span)
+            }
             Err(err) => {
-                tracing::warn!(policy = self.config.policy.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
+                tracing::warn!(policy = self.name(), key = %key.hashed(), error = %err, "fallback store failed too; letting the request through");
                 (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen)
             }
         }
@@ -84,13 +87,13 @@ impl Limiter {
     /// at the switch. Only a fallback that answers at once (the memory
     /// store) is seeded; the charge is made while the record is held, so
     /// no concurrent fallback decision for `key` can come before it.
-    pub(crate) fn seed(&self, local: &Arc<dyn Store>, key: &Key) {
+    pub(crate) fn seed(&self, local: &Arc<dyn Store>, policy: &Policy, key: &Key) {
         let Some(learned) = &self.running.learned else {
             return;
         };
         learned.seed(key, |used| {
-            if let Some(Err(err)) = local.check_now(&self.config.policy, key, used) {
-                tracing::debug!(policy = self.config.policy.name(), error = %err,
+            if let Some(Err(err)) = local.check_now(policy, key, used) {
+                tracing::debug!(policy = self.name(), error = %err,
                     "cannot seed the local fallback");
             }
         });
@@ -128,7 +131,7 @@ impl Limiter {
     pub(super) fn note_answer(&self) {
         if let Some((lasted, without)) = self.running.health.answered() {
             tracing::info!(
-                policy = self.config.policy.name(),
+                policy = self.name(),
                 outage_ms = lasted.as_millis() as u64,
                 decided_without_store = without,
                 "rate limit store answers again"
@@ -141,10 +144,10 @@ impl Limiter {
     pub(crate) fn note_error(&self, key: &Key, err: &StoreError) {
         self.config.metrics.store_error(err.kind());
         if self.running.health.failed() {
-            tracing::warn!(policy = self.config.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+            tracing::warn!(policy = self.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
                 "rate limit store failed; applying failure policy until it answers again");
         } else {
-            tracing::debug!(policy = self.config.policy.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
+            tracing::debug!(policy = self.name(), key = %key.hashed(), error = %err, kind = err.kind().as_str(),
                 "rate limit store failed");
         }
     }

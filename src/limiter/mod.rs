@@ -29,6 +29,7 @@ use crate::store::Store;
 
 mod admit;
 mod breaker;
+mod in_force;
 mod release;
 mod settle;
 
@@ -98,7 +99,9 @@ pub(crate) struct Limiter {
 
 /// What the builder configured; never changes.
 pub(crate) struct Config {
-    pub(crate) policy: Policy,
+    /// The policy as built: read only in `in_force.rs`, where the policy
+    /// in force is computed from it.
+    pub(crate) as_built: Policy,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) key: Arc<dyn KeyExtractor>,
     pub(crate) cost: Option<Arc<CostFn>>,

@@ -88,10 +88,10 @@ impl ReleaseGuard {
         } = *release;
         // A store that gives back at once (in process), or that commits to
         // sending it (a Redis batch's queue), needs no task.
-        if let Some(given) = store.refund_now(&limiter.config.policy, &key, &receipt) {
+        if let Some(given) = store.refund_now(limiter.charged_under(&receipt), &key, &receipt) {
             match given {
                 Ok(()) => tracing::trace!(
-                    policy = limiter.config.policy.name(),
+                    policy = limiter.name(),
                     "rate limit charge released, or queued to be"
                 ),
                 Err(err) => limiter.note_error(&key, &err),
@@ -100,13 +100,13 @@ impl ReleaseGuard {
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
-                policy = limiter.config.policy.name(),
+                policy = limiter.name(),
                 "no Tokio runtime to release a rate limit charge on; it expires in the store instead"
             );
             return;
         };
         let mut release = Box::pin(async move {
-            let policy = &limiter.config.policy;
+            let policy = limiter.charged_under(&receipt);
             let release = store.refund(policy, &key, &receipt);
             match tokio::time::timeout(limiter.config.deadline, release).await {
                 Ok(Ok(())) => tracing::trace!(policy = policy.name(), "rate limit charge released"),

@@ -31,14 +31,13 @@ impl Limiter {
 
     /// [`settle_now`](Self::settle_now) with a settle due.
     fn settle_now_and_write(&self, pass: &mut Pass, actual: u64, headers: &mut HeaderMap) -> bool {
-        let policy = &self.config.policy;
-        let settled = self
-            .charge_of(pass)
-            .and_then(|(store, key, receipt)| match actual {
-                // Today's refund, as it always was.
+        let settled = self.charge_of(pass).and_then(|(store, key, receipt)| {
+            let policy = self.charged_under(receipt);
+            match actual {
                 0 => store.refund_now(policy, key, receipt),
                 _ => store.settle_now(policy, key, receipt, actual),
-            });
+            }
+        });
         let Some(result) = settled else {
             return false;
         };
@@ -89,7 +88,7 @@ impl Limiter {
         let Some((store, key, receipt)) = self.charge_of(pass) else {
             return;
         };
-        let policy = &self.config.policy;
+        let policy = self.charged_under(receipt);
         let call = match actual {
             0 => store.refund(policy, key, receipt),
             _ => store.settle(policy, key, receipt, actual),
@@ -114,7 +113,7 @@ impl Limiter {
                     // Units went back: a cached rejection may no longer hold.
                     self.running.local.refunded(key);
                 }
-                crate::metrics::settled(&self.config.policy, charged, actual);
+                crate::metrics::settled(self.as_built(), charged, actual);
                 match actual {
                     0 => decision.refunded(charged),
                     _ => decision.settled(actual),
@@ -138,9 +137,8 @@ impl Limiter {
             return;
         }
         if let (Some(_), Some(decision)) = (&pass.key, &pass.decision) {
-            self.config
-                .headers
-                .apply(headers, &self.config.policy, decision);
+            let policy = self.charged_under(&decision.receipt);
+            self.config.headers.apply(headers, policy, decision);
         }
     }
 }

@@ -90,8 +90,8 @@ impl Learned {
     /// already handled one that Redis decided after it.
     pub(crate) fn learn(&self, key: &Key, decision: &Decision) {
         let seen = Seen {
-            used: decision.used,
-            left: decision.limit.saturating_sub(decision.used),
+            used: decision.spent,
+            left: decision.limit.saturating_sub(decision.spent),
             reset_at: decision.reset_at_micros,
             now: decision.now_micros,
             learnt: Instant::now(),

@@ -342,20 +342,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Box::pin(async { Err(cannot("block callers")) })
     }
 
-    /// `policy` as the limits an operator set at runtime for all its
-    /// callers judge it now (see [`PolicyLimits`]): its quotas replaced,
+    /// `policy` with the limits an operator set at runtime for all its
+    /// callers in force now (see [`PolicyLimits`]): its quotas replaced,
     /// capped; `None` when none is in force, the policy as built. Cheap and
     /// synchronous: the memory store's table, or a Redis store's copy of
-    /// what Redis holds, refreshed in the background. The default keeps
-    /// none.
+    /// what Redis holds, refreshed in the background; shared, so a request
+    /// clones a pointer, not the policy. The default keeps none.
     ///
     /// ```
     /// use std::num::NonZeroU32;
     /// use tollgate::{MemoryStore, Policy, Quota, Store};
     /// let policy = Policy::fixed_window("core", Quota::per_minute(NonZeroU32::new(5).unwrap()));
-    /// assert!(MemoryStore::new().judge_policy(&policy).is_none(), "none set");
+    /// assert!(MemoryStore::new().policy_in_force(&policy).is_none(), "none set");
     /// ```
-    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
+    fn policy_in_force(&self, policy: &Policy) -> Option<Arc<Policy>> {
         let _ = policy;
         None
     }
@@ -408,7 +408,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// let policy = Policy::fixed_window("core", per_min(100)).adjustable();
     /// let store = MemoryStore::new();
     /// store.set_policy_limit(&policy, PolicyLimit::Limit, Some(&Override::new(per_min(10)))).await.unwrap();
-    /// let judged = store.judge_policy(&policy).unwrap();
+    /// let judged = store.policy_in_force(&policy).unwrap();
     /// assert_eq!(store.check(&judged, &Key::new("bob"), 1).await.unwrap().limit, 10);
     /// # }
     /// ```
@@ -522,8 +522,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
-    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
-        (**self).judge_policy(policy)
+    fn policy_in_force(&self, policy: &Policy) -> Option<Arc<Policy>> {
+        (**self).policy_in_force(policy)
     }
 
     fn policy_limits_version(&self) -> u64 {

@@ -1,6 +1,6 @@
-//! The runtime limits a store knows, by policy, and each policy as they
-//! judge it, kept so a request pays one read lock and a clone for it (and
-//! an atomic load when no limit was ever set). The memory store's own
+//! The runtime limits a store knows, by policy, and each policy with them
+//! in force, kept so a request pays one read lock and a pointer's clone for
+//! it (and an atomic load when no limit was ever set). The memory store's own
 //! table; a Redis store's copy of what Redis holds, refreshed in the
 //! background.
 
@@ -19,9 +19,9 @@ type ByPolicy = HashMap<Arc<str>, HashMap<String, Known>>;
 #[derive(Debug, Default)]
 struct Known {
     limits: PolicyLimits,
-    /// The policy as judged, for the build-time quotas it was judged from,
+    /// The policy in force, for the build-time quotas it was made from,
     /// until when (µs) that holds.
-    judged: Option<(Arc<[Quota]>, Option<Policy>, u64)>,
+    in_force: Option<(Arc<[Quota]>, Option<Arc<Policy>>, u64)>,
 }
 
 /// See the module docs.
@@ -38,9 +38,13 @@ pub(crate) struct RuntimeLimits {
 }
 
 impl RuntimeLimits {
-    /// `policy` as the limits in force at `now` judge it; `None`: as built.
+    /// `policy` with the limits in force at `now`; `None`: as built.
     /// `now` is read only once a limit is known.
-    pub(crate) fn judge(&self, policy: &Policy, now: impl FnOnce() -> u64) -> Option<Policy> {
+    pub(crate) fn policy_in_force(
+        &self,
+        policy: &Policy,
+        now: impl FnOnce() -> u64,
+    ) -> Option<Arc<Policy>> {
         if !self.any.load(Ordering::Relaxed) {
             return None;
         }
@@ -49,24 +53,24 @@ impl RuntimeLimits {
         {
             let map = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
             let known = map.get(name)?.get(strategy)?;
-            if let Some((base, judged, until)) = &known.judged
+            if let Some((base, in_force, until)) = &known.in_force
                 && now < *until
                 && **base == *policy.quotas()
             {
-                return judged.clone();
+                return in_force.clone();
             }
         }
         let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
         let known = map.get_mut(name)?.get_mut(strategy)?;
-        let judged = known.limits.judge(policy, now);
+        let in_force = known.limits.policy_in_force(policy, now).map(Arc::new);
         let until = known
             .limits
             .next_end()
             .filter(|&end| end > now)
             .unwrap_or(u64::MAX);
         let base: Arc<[Quota]> = policy.quotas().into();
-        known.judged = Some((base, judged.clone(), until));
-        judged
+        known.in_force = Some((base, in_force.clone(), until));
+        in_force
     }
 
     /// Counts the changes (0: none yet).
@@ -92,7 +96,7 @@ impl RuntimeLimits {
             .entry(policy.strategy().as_str().to_owned())
             .or_default();
         known.limits.set(which, value);
-        known.judged = None;
+        known.in_force = None;
         self.any.store(true, Ordering::Relaxed);
         self.version.fetch_add(1, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::SeqCst);
@@ -121,15 +125,15 @@ impl RuntimeLimits {
             let old = map
                 .get_mut(name.as_str())
                 .and_then(|by_strategy| by_strategy.get_mut(&strategy));
-            // Unchanged limits keep what they judged.
-            let judged = match old {
-                Some(old) if old.limits == limits => old.judged.take(),
+            // Unchanged limits keep the policy they put in force.
+            let in_force = match old {
+                Some(old) if old.limits == limits => old.in_force.take(),
                 _ => {
                     changed = true;
                     None
                 }
             };
-            let known = Known { limits, judged };
+            let known = Known { limits, in_force };
             fresh
                 .entry(name.into())
                 .or_default()
@@ -198,9 +202,14 @@ mod tests {
         let before = limits.writes();
         limits.set(&policy, PolicyLimit::Limit, Some(Override::new(per_min(4))));
         limits.replace(HashMap::new(), before);
-        let judged = limits.judge(&policy, || 0).expect("the change stands");
-        assert_eq!(judged.quotas()[0].limit(), 4);
+        let in_force = limits
+            .policy_in_force(&policy, || 0)
+            .expect("the change stands");
+        assert_eq!(in_force.quotas()[0].limit(), 4);
         limits.replace(HashMap::new(), limits.writes());
-        assert!(limits.judge(&policy, || 0).is_none(), "a newer read does");
+        assert!(
+            limits.policy_in_force(&policy, || 0).is_none(),
+            "a newer read does"
+        );
     }
 }

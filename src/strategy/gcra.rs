@@ -20,6 +20,8 @@ use super::MAX_SPAN_MICROS;
 use super::{Algorithm, Settles, Strategy};
 use crate::decision::{Decision, Receipt};
 use crate::error::ConfigError;
+#[cfg(feature = "redis")]
+use crate::error::StoreError;
 use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::store::memory::names::KeyNames;
@@ -27,6 +29,8 @@ use crate::store::memory::shard::Shard;
 use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
 use crate::store::redis::args::{int, stamps, GiveBack, ScriptNow};
+#[cfg(feature = "redis")]
+use crate::store::redis::reply::Decided;
 #[cfg(feature = "redis")]
 use crate::store::redis::script::{Args, LuaScript, Trio};
 #[cfg(feature = "redis")]
@@ -88,15 +92,23 @@ pub(crate) fn check(
         *tat = Some(next);
     }
     Decision::allowed(limit, limit - remaining(next), next, now)
-        .with_receipt(Receipt::of(cost, [next]))
+        .with_receipt(Receipt::of(cost, [next]).in_units_of(t))
 }
 
-/// Moves `tat` back by `cost × T`, never before `now`, and never before the
-/// start of the charge stamped `stamp` (the `tat` it set), so refunding one
-/// receipt twice cannot give back other requests' units.
-pub(crate) fn refund(tat: &mut Option<u64>, quota: &Quota, now: u64, stamp: u64, cost: u64) {
+/// The µs a unit of `receipt` was charged as: the interval of the policy
+/// in force at the charge, which the receipt carries; `quota`'s only for
+/// a receipt built without it.
+pub(crate) fn unit_of(receipt: &Receipt, quota: &Quota) -> u64 {
+    receipt.unit_micros().unwrap_or_else(|| interval(quota))
+}
+
+/// Moves `tat` back by `cost × T` (`unit` is the T the charge was made
+/// with), never before `now`, and never before the start of the charge
+/// stamped `stamp` (the `tat` it set), so refunding one receipt twice
+/// cannot give back other requests' units.
+pub(crate) fn refund(tat: &mut Option<u64>, unit: u64, now: u64, stamp: u64, cost: u64) {
     if let Some(at) = tat.as_mut().filter(|at| **at > now) {
-        let back = cost.saturating_mul(interval(quota));
+        let back = cost.saturating_mul(unit);
         *at = at
             .saturating_sub(back)
             .max(stamp.saturating_sub(back))
@@ -104,20 +116,14 @@ pub(crate) fn refund(tat: &mut Option<u64>, quota: &Quota, now: u64, stamp: u64,
     }
 }
 
-/// Charges `extra` units more than the pass stamped `stamp` charged,
-/// without checking the limit (a settle's overspend): the TAT moves
-/// `extra × T` past itself (or past `now`, for a full bucket). Only while
+/// Charges `extra` units more than the pass stamped `stamp` charged, in
+/// the pass's own units of `unit` µs, without checking the limit (a
+/// settle's overspend): the TAT moves `extra × T` past itself (or past `now`, for a full bucket). Only while
 /// that charge would not yet have drained had it come with the pass
 /// (`stamp + extra × T > now`): a settle that arrives later changes
 /// nothing, as a late refund does. Whether it moved.
-pub(crate) fn charge(
-    tat: &mut Option<u64>,
-    quota: &Quota,
-    now: u64,
-    stamp: u64,
-    extra: u64,
-) -> bool {
-    let more = extra.saturating_mul(interval(quota));
+pub(crate) fn charge(tat: &mut Option<u64>, unit: u64, now: u64, stamp: u64, extra: u64) -> bool {
+    let more = extra.saturating_mul(unit);
     if stamp.saturating_add(more) <= now {
         return false;
     }
@@ -161,7 +167,7 @@ fn burst_of(strategy: &Strategy) -> NonZeroU32 {
 impl Algorithm for Gcra {
     /// An override's (or a request's) quota sets the burst too: `limit`
     /// units per `window`, up to `limit` at once.
-    fn judged_by(&self, strategy: &Strategy, quotas: &[Quota]) -> Strategy {
+    fn strategy_for(&self, strategy: &Strategy, quotas: &[Quota]) -> Strategy {
         match quotas
             .first()
             .and_then(|q| std::num::NonZeroU32::new(q.limit()))
@@ -224,7 +230,8 @@ impl Algorithm for Gcra {
         let stamp = receipt.stamps().first();
         if let (Some(State::Tat(at)), Some(&stamp)) = (shard.get_mut(keys.first(), now), stamp) {
             let mut tat = Some(*at);
-            refund(&mut tat, &policy.quotas()[0], now, stamp, receipt.cost());
+            let unit = unit_of(receipt, &policy.quotas()[0]);
+            refund(&mut tat, unit, now, stamp, receipt.cost());
             *at = tat.unwrap_or(*at);
         }
     }
@@ -251,7 +258,8 @@ impl Algorithm for Gcra {
                 Some(State::Tat(at)) => Some(*at),
                 _ => None,
             };
-            if charge(&mut tat, &policy.quotas()[0], now, stamp, extra)
+            let unit = unit_of(receipt, &policy.quotas()[0]);
+            if charge(&mut tat, unit, now, stamp, extra)
                 && let Some(at) = tat
             {
                 *write = Some((State::Tat(at), at + EXPIRY_GRACE_MICROS));
@@ -280,6 +288,12 @@ impl Algorithm for Gcra {
             int(burst.get()),
         ]);
         (LUA.decide(read_only), args)
+    }
+
+    /// A pass's reply carries the T its units were charged in.
+    #[cfg(feature = "redis")]
+    fn reply(&self, decided: Decided, cost: u64) -> Result<Decision, StoreError> {
+        decided.timed(cost)
     }
 
     #[cfg(feature = "redis")]
@@ -327,13 +341,13 @@ impl Algorithm for Gcra {
 }
 
 /// `lua/gcra_refund.lua`'s call: now, `units` to give back (negative: to
-/// charge), T, the stamp.
+/// charge), the T they were charged in, the stamp.
 #[cfg(feature = "redis")]
 fn refund_call(policy: &Policy, now: ScriptNow, receipt: &Receipt, units: i64) -> GiveBack {
     let mut args = vec![
         now.arg().to_string(),
         units.to_string(),
-        interval(&policy.quotas()[0]).to_string(),
+        unit_of(receipt, &policy.quotas()[0]).to_string(),
     ];
     args.extend(stamps(receipt));
     GiveBack::Refund(&LUA.refund, args)

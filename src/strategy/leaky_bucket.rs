@@ -90,7 +90,16 @@ pub(crate) fn check(
     }
     Decision::allowed(capacity, after.div_ceil(interval), end, now)
         .delayed(level)
-        .with_receipt(Receipt::of(cost, [end]))
+        .with_receipt(Receipt::of(cost, [end]).in_units_of(interval))
+}
+
+/// The µs a unit of `receipt` was charged as: the interval of the policy
+/// in force at the charge, which the receipt carries; `quota`'s only for
+/// a receipt built without it.
+fn unit_of(receipt: &Receipt, quota: &Quota) -> u64 {
+    receipt
+        .unit_micros()
+        .unwrap_or_else(|| interval_micros(quota))
 }
 
 /// Gives back the slot ending at `stamp`: the bucket empties `cost·T`
@@ -161,7 +170,7 @@ fn capacity_of(strategy: &Strategy) -> NonZeroU32 {
 impl Algorithm for LeakyBucket {
     /// An override's (or a request's) quota sets the capacity too: `limit`
     /// units per `window`, up to `limit` at once.
-    fn judged_by(&self, strategy: &Strategy, quotas: &[Quota]) -> Strategy {
+    fn strategy_for(&self, strategy: &Strategy, quotas: &[Quota]) -> Strategy {
         match quotas
             .first()
             .and_then(|q| std::num::NonZeroU32::new(q.limit()))
@@ -221,7 +230,7 @@ impl Algorithm for LeakyBucket {
         now: u64,
         receipt: &Receipt,
     ) {
-        let interval = interval_micros(&policy.quotas()[0]);
+        let interval = unit_of(receipt, &policy.quotas()[0]);
         if let Some(State::Leaky(t)) = shard.get_mut(keys.first(), now) {
             let mut next_free = Some(*t);
             let stamp = receipt.stamps().first().copied().unwrap_or(0);
@@ -244,7 +253,7 @@ impl Algorithm for LeakyBucket {
         receipt: &Receipt,
         extra: u64,
     ) {
-        let interval = interval_micros(&policy.quotas()[0]);
+        let interval = unit_of(receipt, &policy.quotas()[0]);
         let mut next_free = match shard.get(keys.first(), now) {
             Some(State::Leaky(t)) => Some(*t),
             _ => None,
@@ -316,13 +325,14 @@ impl Algorithm for LeakyBucket {
 }
 
 /// `lua/leaky_bucket_refund.lua`'s call: now, `units` to give back
-/// (negative: to charge), the interval, the slot's end.
+/// (negative: to charge), the interval they were charged in, the slot's
+/// end.
 #[cfg(feature = "redis")]
 fn refund_call(policy: &Policy, now: ScriptNow, receipt: &Receipt, units: i64) -> GiveBack {
     let args = vec![
         now.arg().to_string(),
         units.to_string(),
-        interval_micros(&policy.quotas()[0]).to_string(),
+        unit_of(receipt, &policy.quotas()[0]).to_string(),
         receipt.stamps().first().copied().unwrap_or(0).to_string(),
     ];
     GiveBack::Refund(&LUA.refund, args)

@@ -60,6 +60,26 @@ impl Spending {
         }
     }
 
+    /// The µs each unit of a pass from the lease is charged as (see
+    /// [`Receipt::unit_micros`](crate::decision::Receipt::unit_micros)):
+    /// the GCRA's interval, 0 for a window's units.
+    pub(crate) fn unit_micros(self) -> u64 {
+        match self {
+            Spending::Window => 0,
+            Spending::Decaying { interval } => interval,
+        }
+    }
+
+    /// The same spending, its units of `unit` µs each when the lease's
+    /// reply says so (a caller's override judged it with another
+    /// interval than the policy's).
+    pub(crate) fn in_units_of(self, unit: Option<u64>) -> Self {
+        match (self, unit) {
+            (Spending::Decaying { .. }, Some(interval)) => Spending::Decaying { interval },
+            (spending, _) => spending,
+        }
+    }
+
     /// Units of a lease of `units` decayed `elapsed` µs after it was asked
     /// for: rounded up, so a lease never outlives what the bucket refilled.
     pub(crate) fn decayed(self, elapsed: u64) -> u64 {

@@ -192,19 +192,19 @@ impl Policy {
     /// This policy judging by `quotas` instead (an override, a quota that
     /// came with the request): the same name, so the same state; the
     /// strategy says what they make of its parameters
-    /// ([`Algorithm::judged_by`]).
+    /// ([`Algorithm::strategy_for`]).
     pub(crate) fn with_quotas(&self, quotas: Arc<[Quota]>) -> Policy {
         let strategy = self
             .strategy()
             .algorithm()
-            .judged_by(self.strategy(), &quotas);
-        self.judged_by(strategy, quotas)
+            .strategy_for(self.strategy(), &quotas);
+        self.with_parts(strategy, quotas)
     }
 
     /// This policy with `limit` for the caller's own quota (the first
     /// whose budget is the caller's), its window kept: a limit that came
     /// with the request.
-    pub(crate) fn with_caller_limit(&self, limit: u32) -> Policy {
+    pub(crate) fn with_request_limit(&self, limit: u32) -> Policy {
         let mut quotas = self.quotas().to_vec();
         let own = (0..quotas.len())
             .find(|&i| self.strategy().scope_of(i) == Scope::Consumer)
@@ -212,11 +212,11 @@ impl Policy {
         if let Ok(q) = Quota::new(limit, quotas[own].window()) {
             quotas[own] = q;
         }
-        let judged = self.with_quotas(quotas.into());
+        let limited = self.with_quotas(quotas.into());
         match self.cap() {
             // An operator's cap beats a limit from the request too.
-            Some(cap) => judged.capped_by(cap.into()),
-            None => judged,
+            Some(cap) => limited.with_cap(cap.into()),
+            None => limited,
         }
     }
 }
@@ -259,7 +259,7 @@ pub(crate) trait Algorithm: Sync {
     /// the policy's (an override, a limit from the request): unchanged by
     /// default; GCRA's burst and the leaky bucket's capacity follow quota
     /// 0's limit.
-    fn judged_by(&self, strategy: &Strategy, _quotas: &[Quota]) -> Strategy {
+    fn strategy_for(&self, strategy: &Strategy, _quotas: &[Quota]) -> Strategy {
         strategy.clone()
     }
 

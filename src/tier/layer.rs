@@ -84,7 +84,7 @@ impl TieredLayer {
     /// assert_eq!(layer.tiers().next().unwrap().quotas()[0].limit(), 60);
     /// ```
     pub fn tiers(&self) -> impl Iterator<Item = &Policy> + '_ {
-        self.tiers.limiters.iter().map(|l| &l.config.policy)
+        self.tiers.limiters.iter().map(|l| l.as_built())
     }
 
     /// A handle on tier `name`'s limits for code outside HTTP and for
@@ -141,7 +141,7 @@ impl TieredLayer {
     pub async fn peek(&self, parts: &Parts) -> Result<(&Policy, Decision), PeekError> {
         let limiter = self.tiers.place(parts).map_err(|_| PeekError::Unplaced)?;
         let decision = limiter.peek(parts).await?;
-        Ok((&limiter.config.policy, decision))
+        Ok((limiter.as_built(), decision))
     }
 }
 
@@ -283,7 +283,7 @@ impl TieredLayerBuilder {
             let name = layer.policy().name();
             if limiters
                 .iter()
-                .any(|l: &Arc<crate::limiter::Limiter>| l.config.policy.name() == name)
+                .any(|l: &Arc<crate::limiter::Limiter>| l.name() == name)
             {
                 let name = name.to_string();
                 return Err(ConfigError::DuplicateTier { name });
@@ -293,7 +293,7 @@ impl TieredLayerBuilder {
         let unplaced = match self.unplaced {
             Unplaced::Tier(name) => Ok(limiters
                 .iter()
-                .position(|l| l.config.policy.name() == &*name)
+                .position(|l| l.name() == &*name)
                 .ok_or_else(|| ConfigError::UnknownUnplacedTier {
                     name: name.to_string(),
                 })?),

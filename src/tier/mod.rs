@@ -127,9 +127,7 @@ pub(crate) struct Tiers {
 impl Tiers {
     /// The limiter of the tier named `name`.
     pub(crate) fn named(&self, name: &str) -> Option<&Arc<Limiter>> {
-        self.limiters
-            .iter()
-            .find(|l| l.config.policy.name() == name)
+        self.limiters.iter().find(|l| l.name() == name)
     }
 
     /// The limiter of the request's tier, or the status an unplaced request
@@ -145,7 +143,7 @@ impl Tiers {
         match self.unplaced {
             Ok(tier) => {
                 let limiter = &self.limiters[tier];
-                tracing::debug!(chosen = ?chosen, tier = limiter.config.policy.name(),
+                tracing::debug!(chosen = ?chosen, tier = limiter.name(),
                     "rate limit tier not found; counting in the default tier");
                 Ok(limiter)
             }

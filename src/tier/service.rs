@@ -53,12 +53,7 @@ impl<S> Tiered<S> {
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Tiered<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self
-            .tiers
-            .limiters
-            .iter()
-            .map(|l| l.config.policy.name())
-            .collect();
+        let names: Vec<&str> = self.tiers.limiters.iter().map(|l| l.name()).collect();
         f.debug_struct("Tiered")
             .field("inner", &self.inner)
             .field("tiers", &names)

@@ -146,6 +146,7 @@ pub mod caller;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
+pub mod in_force;
 pub mod leaky_bucket;
 pub mod sliding_log;
 pub mod sliding_window;
@@ -165,6 +166,10 @@ pub struct Row {
     phases: Vec<(Policy, Vec<Step>)>,
     then: Vec<Then>,
     unit_us: u64,
+    /// The policy refunds, settles and resets are sent with, when not the
+    /// phase's: a give-back made under another policy than the one that
+    /// charged (a limit the request brought, gone by then).
+    give_back_under: Option<Policy>,
 }
 
 impl Row {
@@ -174,7 +179,15 @@ impl Row {
             phases: vec![(policy, steps.into_iter().collect())],
             then: Vec::new(),
             unit_us: 1_000,
+            give_back_under: None,
         }
+    }
+
+    /// Sends refunds, settles and resets with `policy` instead of the
+    /// phase's.
+    pub fn giving_back_under(mut self, policy: Policy) -> Row {
+        self.give_back_under = Some(policy);
+        self
     }
 
     /// Then `steps` under `policy`: the same keys, the policy changed.
@@ -201,7 +214,8 @@ impl Row {
         let mut seen: Vec<Option<Decision>> = Vec::new();
         for (policy, steps) in &self.phases {
             for &step in steps {
-                let decision = run_step(backend, policy, step, self.unit_us, &seen).await;
+                let under = self.give_back_under.as_ref().unwrap_or(policy);
+                let decision = run_step(backend, (policy, under), step, self.unit_us, &seen).await;
                 seen.push(decision);
             }
         }
@@ -214,7 +228,7 @@ impl Row {
 /// Runs step number `seen.len()` and checks its answer.
 async fn run_step(
     backend: &Backend,
-    policy: &Policy,
+    (policy, give_back_under): (&Policy, &Policy),
     (at, op, expect): Step,
     unit_us: u64,
     seen: &[Option<Decision>],
@@ -225,8 +239,8 @@ async fn run_step(
     backend.clock.set(T0 + us(at));
     // Decisions and peeks are judged by the limits set at runtime, as a
     // layer judges them.
-    let judged = backend.store.judge_policy(policy);
-    let judged = judged.as_ref().unwrap_or(policy);
+    let in_force = backend.store.policy_in_force(policy);
+    let judged = in_force.as_deref().unwrap_or(policy);
     let decision = match op {
         Op::Check(key, cost) => Some(
             backend
@@ -244,7 +258,7 @@ async fn run_step(
                 .clone();
             backend
                 .store
-                .refund(policy, &Key::new(key), &receipt)
+                .refund(give_back_under, &Key::new(key), &receipt)
                 .await
                 .unwrap();
             None
@@ -257,7 +271,7 @@ async fn run_step(
                 .clone();
             let settled = backend
                 .store
-                .settle(policy, &Key::new(key), &receipt, units)
+                .settle(give_back_under, &Key::new(key), &receipt, units)
                 .await;
             if let (Expect::Refused, Err(_)) = (expect, &settled) {
                 return None;
@@ -300,7 +314,11 @@ async fn run_step(
             None
         }
         Op::Reset(key) => {
-            backend.store.reset(policy, &Key::new(key)).await.unwrap();
+            backend
+                .store
+                .reset(give_back_under, &Key::new(key))
+                .await
+                .unwrap();
             None
         }
         Op::SetPolicyLimit(limit, secs, until) => {
@@ -423,6 +441,7 @@ macro_rules! conformance_suite {
         $crate::concurrency_rows!($factory);
         $crate::aligned_window_rows!($factory);
         $crate::caller_rows!($factory);
+        $crate::in_force_rows!($factory);
     };
 }
 

@@ -141,7 +141,7 @@ async fn sentinel_honours_a_policy_limit_on_every_strategy() {
             .set_policy_limit(&policy, PolicyLimit::Limit, limit.as_ref())
             .await
             .unwrap();
-        let judged = store.judge_policy(&policy).expect("in force at once");
+        let judged = store.policy_in_force(&policy).expect("in force at once");
         let d = store.check(&judged, &Key::new("ann"), 1).await.unwrap();
         assert_eq!(
             (d.allowed, d.limit),

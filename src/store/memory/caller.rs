@@ -96,11 +96,11 @@ pub(crate) fn decide(
 ) -> Decision {
     // An override above an operator's cap is set aside while it lasts.
     let overridden = overridden.filter(|o| policy.cap().is_none_or(|cap| !o.exceeds(cap)));
-    let judged;
+    let in_force;
     let policy = match overridden {
         Some(o) => {
-            judged = policy.with_quotas(o.shared_quotas().clone());
-            &judged
+            in_force = policy.with_quotas(o.shared_quotas().clone());
+            &in_force
         }
         None => policy,
     };

@@ -349,14 +349,14 @@ impl Store for MemoryStore {
     }
 
     /// Applies at once: the next decision is judged by it.
-    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
+    fn policy_in_force(&self, policy: &Policy) -> Option<Arc<Policy>> {
         if !policy.is_adjustable() {
             return None;
         }
         let clock = &self.inner.clock;
         self.inner
             .policy_limits
-            .judge(policy, || clock.now_micros())
+            .policy_in_force(policy, || clock.now_micros())
     }
 
     fn policy_limits_version(&self) -> u64 {

@@ -66,8 +66,8 @@ impl RedisStore {
         key: &Key,
         o: &Override,
     ) -> Result<(), StoreError> {
-        let judged = policy.with_quotas(o.shared_quotas().clone());
-        let (_, quota_args) = judged.strategy().algorithm().quota_args(&judged);
+        let overridden = policy.with_quotas(o.shared_quotas().clone());
+        let (_, quota_args) = overridden.strategy().algorithm().quota_args(&overridden);
         let text = o.to_text();
         let mut value = o.until_micros().unwrap_or(0).to_string();
         for a in &quota_args {

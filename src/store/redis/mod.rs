@@ -261,8 +261,8 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn judge_policy(&self, policy: &Policy) -> Option<Policy> {
-        self.judge_by_known_limits(policy)
+    fn policy_in_force(&self, policy: &Policy) -> Option<Arc<Policy>> {
+        self.policy_in_force_known(policy)
     }
 
     fn policy_limits_version(&self) -> u64 {

@@ -7,7 +7,7 @@
 //! says so once.
 
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::Value;
@@ -25,15 +25,15 @@ use crate::store::policy_limits::{field, read_fields};
 pub(crate) const REFRESH: Duration = Duration::from_millis(500);
 
 impl RedisStore {
-    /// `policy` as the runtime limits this server knows judge it.
-    pub(super) fn judge_by_known_limits(&self, policy: &Policy) -> Option<Policy> {
+    /// `policy` with the runtime limits this server knows in force.
+    pub(super) fn policy_in_force_known(&self, policy: &Policy) -> Option<Arc<Policy>> {
         if !policy.is_adjustable() {
             return None;
         }
         self.watch_policy_limits();
         self.inner
             .policy_limits
-            .judge(policy, || self.now_micros_estimate())
+            .policy_in_force(policy, || self.now_micros_estimate())
     }
 
     /// Reads the hash: every policy's limits.

@@ -203,35 +203,70 @@ impl Decided {
         decision.reporting(u(6) as usize)
     }
 
-    /// A leaky bucket's reply: the head, then on a pass the slot end (the
-    /// receipt's stamp) and the wait before leaving, µs.
-    pub(crate) fn shaped(mut self, cost: u64) -> Result<Decision, StoreError> {
+    /// The reply of a strategy whose units are time (GCRA): the head,
+    /// then on a pass its stamp and the µs each unit was charged as, which
+    /// the receipt keeps for its give-back.
+    pub(crate) fn timed(self, cost: u64) -> Result<Decision, StoreError> {
         if self.outcome != Outcome::Passed {
             return Ok(self.decision(cost));
         }
         if self.ints.len() != HEAD + 2 {
+            return Err(StoreError::protocol(format!(
+                "malformed reply {:?}: a pass without its stamp and unit",
+                self.ints
+            )));
+        }
+        Ok(self.decision_in_units(cost))
+    }
+
+    /// [`decision`](Self::decision), its last integer being the µs each
+    /// unit of the receipt was charged as.
+    fn decision_in_units(mut self, cost: u64) -> Decision {
+        let unit = self.ints.pop().map_or(0, |u| u.max(0) as u64);
+        let mut decision = self.decision(cost);
+        decision.receipt = decision.receipt.in_units_of(unit);
+        decision
+    }
+
+    /// A leaky bucket's reply: the head, then on a pass the slot end (the
+    /// receipt's stamp), the µs each unit was charged as, and the wait
+    /// before leaving, µs.
+    pub(crate) fn shaped(mut self, cost: u64) -> Result<Decision, StoreError> {
+        if self.outcome != Outcome::Passed {
+            return Ok(self.decision(cost));
+        }
+        if self.ints.len() != HEAD + 3 {
             return Err(StoreError::protocol(
-                "leaky bucket reply without slot and delay",
+                "leaky bucket reply without slot, unit and delay",
             ));
         }
         let delay = self.ints.pop().map_or(0, |d| d.max(0) as u64);
-        Ok(self.decision(cost).delayed(delay))
+        Ok(self.decision_in_units(cost).delayed(delay))
     }
 
     /// A lease script's reply: the decision, and on a pass the units
-    /// leased beyond it, after its one stamp.
+    /// leased beyond it, after its one stamp (and, for a strategy whose
+    /// units are time, the µs each unit was charged as).
     pub(crate) fn leased(mut self, cost: u64) -> Result<(Decision, u64), StoreError> {
         if self.outcome != Outcome::Passed {
             return Ok((self.decision(cost), 0));
         }
-        if self.ints.len() != HEAD + 2 {
-            return Err(StoreError::protocol(format!(
-                "malformed lease reply {:?}",
-                self.ints
-            )));
-        }
+        let timed = match self.ints.len() - HEAD {
+            2 => false,
+            3 => true,
+            _ => {
+                return Err(StoreError::protocol(format!(
+                    "malformed lease reply {:?}",
+                    self.ints
+                )));
+            }
+        };
         let leased = self.ints.pop().map_or(0, |n| n.max(0) as u64);
-        Ok((self.decision(cost), leased))
+        let decision = match timed {
+            true => self.decision_in_units(cost),
+            false => self.decision(cost),
+        };
+        Ok((decision, leased))
     }
 }
 

@@ -225,7 +225,9 @@ impl RedisStore {
             .map_err(|err| script.error(err))?;
         let (mut decision, leased) = self.heard(policy, reply::integers(value)?)?.leased(cost)?;
         if decision.allowed && leased > 0 {
-            let spending = lease::spending(policy).expect("only leasing policies take leases");
+            let spending = lease::spending(policy)
+                .expect("only leasing policies take leases")
+                .in_units_of(decision.receipt.unit_micros());
             let lease_stamp = decision.receipt.stamps().first().copied().unwrap_or(0);
             let lifetime = asked_at.saturating_add(table.options.lifetime);
             let window_left = decision.reset_at_micros.saturating_sub(decision.now_micros);
@@ -266,8 +268,9 @@ impl RedisStore {
             );
             decision.remaining = (decision.remaining + leased).min(decision.limit);
             decision.used = decision.limit - decision.remaining;
+            decision.spent = decision.used;
             let stamp = spending.stamp_of_pass(lease_stamp, leased);
-            decision.receipt = Receipt::of(cost, [stamp]);
+            decision.receipt = Receipt::of(cost, [stamp]).in_units_of(spending.unit_micros());
         }
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))

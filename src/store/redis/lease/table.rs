@@ -50,7 +50,7 @@ pub(super) struct Lease {
 impl Lease {
     /// Whether a request judged by `policy` may spend this lease: it was
     /// granted under the same quotas.
-    fn judges_as(&self, policy: &Policy) -> bool {
+    fn is_under(&self, policy: &Policy) -> bool {
         self.policy.quotas() == policy.quotas()
     }
 
@@ -80,7 +80,7 @@ impl Lease {
         let stamp = self.spending.stamp_of_pass(self.stamp, self.units);
         Some(
             Decision::allowed(self.limit, self.limit - remaining, self.reset_at, store_now)
-                .with_receipt(Receipt::of(cost, [stamp])),
+                .with_receipt(Receipt::of(cost, [stamp]).in_units_of(self.spending.unit_micros())),
         )
     }
 
@@ -156,7 +156,7 @@ impl Returning {
             // now; a stamp of 0 puts no other floor under it.
             Spending::Decaying { .. } => 0,
         };
-        Receipt::of(units, [stamp])
+        Receipt::of(units, [stamp]).in_units_of(self.lease.spending.unit_micros())
     }
 }
 
@@ -273,7 +273,7 @@ impl LeaseTable {
         let decision = entry
             .lease
             .as_mut()
-            .filter(|l| l.judges_as(policy))?
+            .filter(|l| l.is_under(policy))?
             .spend(now, cost)?;
         entry.note(now, cost, self.options.span);
         Some(decision)
@@ -302,7 +302,7 @@ impl LeaseTable {
         if let Some(lease) = entry.lease.as_mut() {
             // A request judged by other quotas (a limit it brought) cannot
             // spend a lease granted under these.
-            let spent = match lease.judges_as(policy) {
+            let spent = match lease.is_under(policy) {
                 true => lease.spend(now, cost),
                 false => None,
             };
