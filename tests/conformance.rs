@@ -51,3 +51,23 @@ mod redis_store {
 mod pre_checking_redis_store {
     crate::conformance_suite!(crate::pre_checking_redis);
 }
+
+/// A Redis store leasing to a caller from its first decision: the
+/// give-back rows (`in_force`), whose passes come from a lease after the
+/// first, must read as they do on a store without leases.
+async fn leasing_redis() -> Backend {
+    let clock = ManualClock::new(T0);
+    let client = redis::Client::open(support::redis::shared_url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let store = RedisStore::from_manager(conn)
+        .prefix(support::redis::unique_prefix("conf-lease"))
+        .clock(clock.clone())
+        .leases(tollgate::store::Leases::new().hot_after(std::num::NonZeroU32::MIN))
+        .build()
+        .unwrap();
+    Backend::new(store, clock)
+}
+
+mod leasing_redis_store {
+    crate::in_force_counted_rows!(crate::leasing_redis);
+}

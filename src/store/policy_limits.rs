@@ -19,9 +19,16 @@ type ByPolicy = HashMap<Arc<str>, HashMap<String, Known>>;
 #[derive(Debug, Default)]
 struct Known {
     limits: PolicyLimits,
-    /// The policy in force, for the build-time quotas it was made from,
-    /// until when (µs) that holds.
-    in_force: Option<(Arc<[Quota]>, Option<Arc<Policy>>, u64)>,
+    in_force: Option<InForce>,
+}
+
+/// The policy in force, kept: for the build-time quotas it was made from
+/// (`base`), until when (µs) it holds; `None`: the policy as built.
+#[derive(Debug)]
+struct InForce {
+    base: Arc<[Quota]>,
+    policy: Option<Arc<Policy>>,
+    until: u64,
 }
 
 /// See the module docs.
@@ -53,11 +60,11 @@ impl RuntimeLimits {
         {
             let map = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
             let known = map.get(name)?.get(strategy)?;
-            if let Some((base, in_force, until)) = &known.in_force
-                && now < *until
-                && **base == *policy.quotas()
+            if let Some(kept) = &known.in_force
+                && now < kept.until
+                && *kept.base == *policy.quotas()
             {
-                return in_force.clone();
+                return kept.policy.clone();
             }
         }
         let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
@@ -69,7 +76,11 @@ impl RuntimeLimits {
             .filter(|&end| end > now)
             .unwrap_or(u64::MAX);
         let base: Arc<[Quota]> = policy.quotas().into();
-        known.in_force = Some((base, in_force.clone(), until));
+        known.in_force = Some(InForce {
+            base,
+            policy: in_force.clone(),
+            until,
+        });
         in_force
     }
 

@@ -147,6 +147,10 @@ pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod in_force;
+// The give-back rows run as two tables (see `in_force_rows!`), each
+// named after its module.
+pub use in_force as in_force_counted;
+pub use in_force as in_force_gcra;
 pub mod leaky_bucket;
 pub mod sliding_log;
 pub mod sliding_window;

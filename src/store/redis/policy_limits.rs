@@ -100,7 +100,11 @@ impl RedisStore {
     /// the store lives (it needs a Tokio runtime; without one, limits set
     /// through this server still apply here).
     fn watch_policy_limits(&self) {
-        if self.inner.watching_limits.swap(true, Ordering::Relaxed) {
+        // A load on every request; the swap, a write to a line every core
+        // shares, only until the task runs.
+        if self.inner.watching_limits.load(Ordering::Relaxed)
+            || self.inner.watching_limits.swap(true, Ordering::Relaxed)
+        {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
