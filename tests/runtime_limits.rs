@@ -754,3 +754,87 @@ async fn a_limit_from_the_request_beats_the_policy_limit_and_the_cap_beats_it() 
         "the quotas it was built with"
     );
 }
+
+/// Issue 44's sequence through the layer: GCRA as built 5 per 10 s, judged
+/// at 100 per 10 s (by a runtime limit, or by a limit the request brings),
+/// one caller sending a request the handler answers `304` (refunded) then
+/// three it answers `200`, over and over at one instant. The full bucket
+/// holds 100: at most 100 charged passes, whatever the refunds. A `304`
+/// refunded with the policy as built gave back 2 s of the bucket (20 units
+/// at the limit in force) for the 0.1 s it charged: no request was ever
+/// refused. On the memory store and on Redis.
+#[tokio::test]
+async fn a_304_under_a_raised_limit_gives_back_what_it_charged_through_the_layer() {
+    let redis = RedisServer::start();
+    for (source, on_redis) in [
+        ("runtime", false),
+        ("runtime", true),
+        ("request", false),
+        ("request", true),
+    ] {
+        let clock = ManualClock::new(T0);
+        let builder = RateLimitLayer::builder()
+            .policy(
+                Policy::gcra(
+                    "gcra",
+                    Quota::new(5, Duration::from_secs(10)).unwrap(),
+                    n(5),
+                )
+                .adjustable(),
+            )
+            .key(api_key)
+            .limit_from_request(1..=1_000, |parts| {
+                parts.headers.get("x-plan")?.to_str().ok()?.parse().ok()
+            });
+        let builder = match on_redis {
+            true => builder.store(app_server(&redis, &format!("{source}-304"), &clock).await),
+            false => builder.store(MemoryStore::with_clock(clock.clone())),
+        };
+        let layer = builder.build().unwrap();
+        let limiter = layer.limiter();
+        if source == "runtime" {
+            let per_10s = Quota::new(100, Duration::from_secs(10)).unwrap();
+            limiter
+                .set_policy_limit(Override::new(per_10s))
+                .await
+                .unwrap();
+        }
+        let app = Router::new()
+            .route(
+                "/",
+                get(|headers: axum::http::HeaderMap| async move {
+                    match headers.contains_key("if-none-match") {
+                        true => StatusCode::NOT_MODIFIED,
+                        false => StatusCode::OK,
+                    }
+                }),
+            )
+            .layer(layer);
+        let (mut charged, mut refunded, mut refused) = (0, 0, 0);
+        for i in 0..400 {
+            let mut request = Request::get("/").header("x-api-key", "ann");
+            if source == "request" {
+                request = request.header("x-plan", "100");
+            }
+            if i % 4 == 0 {
+                request = request.header("if-none-match", "\"v1\"");
+            }
+            let response = app
+                .clone()
+                .oneshot(request.body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            match response.status() {
+                StatusCode::OK => charged += 1,
+                StatusCode::NOT_MODIFIED => refunded += 1,
+                _ => refused += 1,
+            }
+        }
+        assert_eq!(
+            charged, 100,
+            "{source} limit on {}: a full bucket of 100 at one instant ({refunded} refunded, {refused} refused)",
+            if on_redis { "Redis" } else { "memory" }
+        );
+        assert!(refused > 0);
+    }
+}

@@ -113,7 +113,7 @@ impl Limiter {
         let key = self.identify(parts, span)?;
         let cost = self.cost_of(parts);
         let in_force = self.policy_in_force(Some(parts));
-        self.ask_local_deciders(&key, cost)?;
+        self.ask_local_deciders(self.in_force(in_force.as_ref()), &key, cost)?;
         match self.ask_main_now(self.in_force(in_force.as_ref()), &key, cost) {
             Some(Ok(decision)) => {
                 ControlFlow::Break(self.judge_main(parts, key, cost, in_force, decision, span))
@@ -209,7 +209,9 @@ impl Limiter {
 
     /// Throttling mode and the cache of known rejections, which may answer
     /// without the store.
-    fn ask_local_deciders(&self, key: &Key, cost: u64) -> Step<()> {
+    /// `policy` is the one in force, whose quotas a cached rejection's
+    /// headers show.
+    fn ask_local_deciders(&self, policy: &Policy, key: &Key, cost: u64) -> Step<()> {
         if self.as_built().is_adjustable() {
             self.running
                 .local
@@ -228,7 +230,7 @@ impl Limiter {
             Some(LocalAnswer::Rejected(decision)) => {
                 let response = response::limited(
                     self.config.limited_status,
-                    self.as_built(),
+                    policy,
                     &decision,
                     &self.config.headers,
                 );
