@@ -5,6 +5,7 @@
 pub use crate::error::PeekError;
 pub use crate::limiter::Fallback;
 pub use crate::local::LocalCache;
+pub use body::ResponseBody;
 pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
 pub use service::RateLimit;

@@ -11,7 +11,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use http::request::Parts;
 use http::{Response, StatusCode};
 
@@ -25,6 +24,7 @@ use crate::local::seed::Learned;
 use crate::local::LocalDecisions;
 use crate::metrics::{Outcome, PolicyMetrics};
 use crate::policy::Policy;
+use crate::response::Body;
 use crate::store::Store;
 
 mod admit;
