@@ -23,7 +23,7 @@ use crate::policy::Policy;
 /// (`layer/grpc.rs`). Carried in the [`Body`], so knowing it costs no
 /// allocation.
 #[derive(Debug, Clone)]
-#[allow(dead_code)] // Read for gRPC statuses (the next commit).
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 pub(crate) enum Refusal {
     /// A quota is used up, or the caller is in the penalty box (`blocked`).
     Limited {
@@ -42,6 +42,7 @@ pub(crate) enum Refusal {
     /// No tier counts the caller.
     Unplaced,
     /// The request itself was refused (a work queue's body too large).
+    #[cfg_attr(not(feature = "queue"), allow(dead_code))]
     Malformed,
 }
 
@@ -50,7 +51,7 @@ pub(crate) enum Refusal {
 #[derive(Debug)]
 pub(crate) struct Body {
     data: Option<Bytes>,
-    #[allow(dead_code)] // Read for gRPC statuses (the next commit).
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
     pub(crate) refusal: Refusal,
 }
 
@@ -63,7 +64,7 @@ impl Body {
     }
 
     /// No data at all: a gRPC answer is its headers only.
-    #[allow(dead_code)] // Read for gRPC statuses (the next commit).
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
     pub(crate) fn empty(refusal: Refusal) -> Self {
         Self {
             data: None,

@@ -32,6 +32,7 @@ const FLOORS: &[&str] = &[
     "metrics",
     "access",
     "response",
+    "grpc",
     // The parts the strategies build on.
     "store",
     "store::keys",

@@ -17,6 +17,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::respond::{respond, Admitted, BoxedResponse, Responded};
+use super::service::answer;
 use crate::limiter::{Limiter, Pending, ReleaseGuard, Step, Verdict};
 use crate::response::Body;
 
@@ -139,7 +140,7 @@ where
     };
     let pass = match verdict {
         Verdict::Pass(pass) => pass,
-        Verdict::Respond(response) => return Waited::Answered(response),
+        Verdict::Respond(response) => return Waited::Answered(answer(&limiter, &parts, response)),
     };
     // Dropping this future from here on (the client left) drops the
     // guard, which gives the charge back without blocking.

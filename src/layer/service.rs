@@ -12,6 +12,7 @@ use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::respond::Admitted;
 use crate::limiter::{Limiter, ReleaseGuard, Verdict};
+use crate::response::Body;
 
 /// Rate-limits requests to `S`. Made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -98,7 +99,9 @@ where
     ResBody: Send + 'static,
 {
     match limiter.admit_now(&mut parts) {
-        ControlFlow::Break((Verdict::Respond(response), _)) => ResponseFuture::answered(response),
+        ControlFlow::Break((Verdict::Respond(response), _)) => {
+            ResponseFuture::answered(answer(limiter, &parts, response))
+        }
         // Decided without waiting (an in-process store): the inner
         // service, made ready in `poll_ready`, runs in place.
         ControlFlow::Break((Verdict::Pass(pass), _)) if pass.delay().is_none() => {
@@ -124,4 +127,19 @@ where
             ResponseFuture::waiting(admission, limiter.clone(), inner, parts, body)
         }
     }
+}
+
+/// The layer's own answer to the request `parts` heads: as written, or, for
+/// a gRPC call (feature `grpc`), as the gRPC status it stands for
+/// (`grpc.rs`). Asked only of a refusal: a request let through pays
+/// nothing for it.
+pub(crate) fn answer(limiter: &Limiter, parts: &Parts, response: Response<Body>) -> Response<Body> {
+    #[cfg(feature = "grpc")]
+    if crate::grpc::is_grpc(&parts.headers) {
+        let config = &limiter.config;
+        return crate::grpc::status(response, config.policy.name(), config.grpc_limited);
+    }
+    #[cfg(not(feature = "grpc"))]
+    let _ = (limiter, parts);
+    response
 }

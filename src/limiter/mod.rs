@@ -107,6 +107,9 @@ pub(crate) struct Config {
     pub(crate) failure: FailurePolicy,
     pub(crate) limited_status: StatusCode,
     pub(crate) key_error_status: StatusCode,
+    /// The gRPC status of a call refused for its quota.
+    #[cfg(feature = "grpc")]
+    pub(crate) grpc_limited: crate::grpc::LimitedCode,
     pub(crate) refund_when: RefundWhen,
     /// Reads a response's actual cost; `None` reads its
     /// [`ActualCost`](crate::decision::ActualCost) extension.

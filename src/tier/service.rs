@@ -83,13 +83,13 @@ where
         let (parts, body) = request.into_parts();
         match self.tiers.place(&parts) {
             Ok(limiter) => crate::layer::service::limit(&mut self.inner, limiter, parts, body),
-            Err(status) => ResponseFuture::answered(unplaced(status)),
+            Err(status) => ResponseFuture::answered(unplaced(status, &parts)),
         }
     }
 }
 
 /// The answer to a request no tier counts.
-fn unplaced(status: StatusCode) -> Response<Body> {
+fn unplaced(status: StatusCode, parts: &http::request::Parts) -> Response<Body> {
     let mut response = Response::new(Body::new(
         r#"{"message":"cannot place the caller in a rate-limit tier"}"#,
         Refusal::Unplaced,
@@ -98,5 +98,13 @@ fn unplaced(status: StatusCode) -> Response<Body> {
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    #[cfg(feature = "grpc")]
+    if crate::grpc::is_grpc(&parts.headers) {
+        // No tier, so no limit to name: the status is INVALID_ARGUMENT.
+        let limited = crate::grpc::LimitedCode::default();
+        return crate::grpc::status(response, "", limited);
+    }
+    #[cfg(not(feature = "grpc"))]
+    let _ = parts;
     response
 }
