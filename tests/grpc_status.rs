@@ -225,3 +225,46 @@ async fn a_store_down_under_fail_closed_is_unavailable_never_an_http_503() {
         "rate limiting is unavailable; retry in 2000 ms"
     );
 }
+
+#[test]
+fn the_method_of_a_grpc_call_is_its_route() {
+    use tollgate::key::RouteKey;
+    use tollgate::KeyExtractor;
+    let (parts, ()) = grpc_call(None).into_parts();
+    let key = RouteKey.extract(&parts).unwrap();
+    assert_eq!(key.as_str(), "/grpc.health.v1.Health/Check");
+    let odd = Request::post("/not/a/method")
+        .header("content-type", "application/grpc+proto")
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0;
+    assert_eq!(
+        RouteKey.extract(&odd).unwrap_err(),
+        tollgate::KeyError::Invalid("gRPC method path (/package.Service/Method)")
+    );
+    // Not gRPC: still the matched route axum records, or none.
+    let http = Request::get("/grpc.health.v1.Health/Check")
+        .body(())
+        .unwrap();
+    assert!(RouteKey.extract(&http.into_parts().0).is_err());
+}
+
+#[test]
+fn a_binary_metadata_key_is_hashed_as_bytes_never_read_as_text() {
+    use tollgate::KeyExtractor;
+    let token = HeaderKey::new("x-token-bin");
+    let call = |value: &[u8]| {
+        let mut request = grpc_call(None);
+        let value = http::HeaderValue::from_bytes(value).unwrap();
+        request.headers_mut().insert("x-token-bin", value);
+        request.into_parts().0
+    };
+    let a = token.extract(&call(b"3q2+7w")).unwrap();
+    assert!(a.as_str().starts_with("x-token-bin:"));
+    assert!(!a.as_str().contains("3q2+7w"));
+    assert_eq!(a, token.extract(&call(b"3q2+7w")).unwrap());
+    assert_ne!(a, token.extract(&call(b"3q2+7A")).unwrap());
+    // Bytes that are not text key all the same.
+    assert!(token.extract(&call(b"\xde\xad\xbe\xef")).is_ok());
+}

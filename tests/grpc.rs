@@ -1,0 +1,164 @@
+//! The layer in front of a real tonic server, called by a real tonic client
+//! (the health service tonic-health ships, generated without protoc): what
+//! a gRPC client sees of a limit, on the memory store and on Redis, and one
+//! budget for a caller over axum and gRPC alike.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tollgate::{
+    FailurePolicy, MemoryStore, PeerIp, Policy, Quota, RateLimitLayer, RedisStore, Store,
+};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Server};
+use tonic::Code;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_types::StatusExt;
+
+mod support;
+
+use support::redis::RedisServer;
+
+fn three_a_minute(store: Arc<dyn Store>) -> tollgate::RateLimitLayerBuilder {
+    RateLimitLayer::builder()
+        .policy(Policy::fixed_window(
+            "api",
+            Quota::per_minute(NonZeroU32::new(3).unwrap()),
+        ))
+        // The address tonic's server records, as axum's ConnectInfo.
+        .key(PeerIp::new())
+        .shared_store(store)
+}
+
+/// A tonic server with the layer in `Server::builder().layer(..)`, no
+/// adapter, serving the health service on a free port.
+async fn serve(layer: RateLimitLayer) -> SocketAddr {
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = TcpIncoming::from(listener);
+    tokio::spawn(async move {
+        // Keeps the reporter (and so the service's status) alive.
+        let _reporter = _reporter;
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn client(addr: SocketAddr) -> HealthClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}")).unwrap();
+    HealthClient::new(channel.connect().await.unwrap())
+}
+
+async fn check(client: &mut HealthClient<Channel>) -> Result<tonic::Response<()>, tonic::Status> {
+    let request = HealthCheckRequest {
+        service: String::new(),
+    };
+    client.check(request).await.map(|r| {
+        let (metadata, _, extensions) = r.into_parts();
+        tonic::Response::from_parts(metadata, (), extensions)
+    })
+}
+
+#[tokio::test]
+async fn a_unary_call_limited_to_three_is_ok_three_times_then_resource_exhausted() {
+    let layer = three_a_minute(Arc::new(MemoryStore::new()))
+        .build()
+        .unwrap();
+    let mut client = client(serve(layer).await).await;
+    for remaining in ["2", "1", "0"] {
+        let passed = check(&mut client).await.expect("within the limit");
+        // The rate-limit headers are the call's initial metadata.
+        let metadata = passed.metadata();
+        assert_eq!(metadata.get("x-ratelimit-remaining").unwrap(), remaining);
+        assert_eq!(metadata.get("x-ratelimit-limit").unwrap(), "3");
+        assert_eq!(metadata.get("x-ratelimit-resource").unwrap(), "api");
+    }
+    let status = check(&mut client).await.expect_err("over the limit");
+    let metadata = status.metadata();
+    let pushback = metadata
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let retry = status
+        .get_details_retry_info()
+        .expect("RetryInfo in the status details");
+    println!("the client's view of the limited call:");
+    println!("  code: {:?}", status.code());
+    println!("  message: {}", status.message());
+    println!("  grpc-retry-pushback-ms: {pushback}");
+    println!("  RetryInfo.retry_delay: {:?}", retry.retry_delay);
+    for (name, value) in metadata.clone().into_headers().iter() {
+        println!("  metadata {name}: {}", value.to_str().unwrap());
+    }
+
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let pushback: u64 = pushback.parse().unwrap();
+    assert!((1..=60_000).contains(&pushback), "{pushback}");
+    assert_eq!(
+        status.message(),
+        format!("API rate limit exceeded for resource 'api'; retry in {pushback} ms")
+    );
+    let delay = retry.retry_delay.expect("a retry delay");
+    assert!(delay.abs_diff(Duration::from_millis(pushback)) < Duration::from_millis(1));
+    assert_eq!(metadata.get("x-ratelimit-remaining").unwrap(), "0");
+    assert_eq!(metadata.get("x-ratelimit-limit").unwrap(), "3");
+    assert!(metadata.get("retry-after").is_some());
+}
+
+#[tokio::test]
+async fn two_servers_on_redis_share_one_budget() {
+    let redis = RedisServer::start();
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url()).await.unwrap());
+        addrs.push(serve(three_a_minute(store).build().unwrap()).await);
+    }
+    let mut first = client(addrs[0]).await;
+    let mut second = client(addrs[1]).await;
+    check(&mut first).await.unwrap();
+    check(&mut second).await.unwrap();
+    let third = check(&mut first).await.unwrap();
+    assert_eq!(third.metadata().get("x-ratelimit-remaining").unwrap(), "0");
+    let fourth = check(&mut second)
+        .await
+        .expect_err("the shared budget is spent");
+    assert_eq!(fourth.code(), Code::ResourceExhausted);
+    assert_eq!(
+        check(&mut first).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+}
+
+#[tokio::test]
+async fn a_fail_closed_outage_is_unavailable() {
+    let mut redis = RedisServer::start();
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url()).await.unwrap());
+    let layer = three_a_minute(store)
+        .on_store_failure(FailurePolicy::closed(Duration::from_secs(2)))
+        .build()
+        .unwrap();
+    let mut client = client(serve(layer).await).await;
+    check(&mut client).await.expect("Redis is up");
+    redis.stop();
+    let status = check(&mut client).await.expect_err("Redis is down");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        "rate limiting is unavailable; retry in 2000 ms"
+    );
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "2000"
+    );
+}
