@@ -162,3 +162,53 @@ async fn a_fail_closed_outage_is_unavailable() {
         "2000"
     );
 }
+
+/// An HTTP GET through hyper's client: the status and the remaining budget.
+async fn get(addr: SocketAddr, path: &str) -> (http::StatusCode, String) {
+    use http_body_util::Empty;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(tcp);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::get(path)
+        .header("host", "tollgate")
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let remaining = response.headers()["x-ratelimit-remaining"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (response.status(), remaining)
+}
+
+#[tokio::test]
+async fn a_caller_has_one_budget_over_axum_and_grpc() {
+    use axum::routing::get as route;
+    // One store, and the same policy and key (the peer's address) on both
+    // ways in: the caller is `ip:127.0.0.1` over HTTP and over gRPC.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let grpc = serve(three_a_minute(store.clone()).build().unwrap()).await;
+    let app = axum::Router::new()
+        .route("/health", route(|| async { "SERVING" }))
+        .layer(three_a_minute(store).build().unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, app).await.unwrap();
+    });
+
+    let mut client = client(grpc).await;
+    assert_eq!(get(http, "/health").await, (http::StatusCode::OK, "2".into()));
+    let over_grpc = check(&mut client).await.unwrap();
+    assert_eq!(over_grpc.metadata().get("x-ratelimit-remaining").unwrap(), "1");
+    assert_eq!(get(http, "/health").await, (http::StatusCode::OK, "0".into()));
+    // Spent over HTTP: switching to gRPC buys no second quota, and back.
+    let refused = check(&mut client).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(
+        get(http, "/health").await,
+        (http::StatusCode::TOO_MANY_REQUESTS, "0".into())
+    );
+}
