@@ -23,6 +23,38 @@
 //! A call let through carries the rate-limit headers as its initial
 //! metadata, as an HTTP response carries them.
 //!
+//! # Keys
+//!
+//! [`PeerIp`](crate::PeerIp) reads the address tonic's server records
+//! (feature `tonic`), [`RouteKey`](crate::key::RouteKey) takes a call's
+//! method (`/package.Service/Method`) as its route, and
+//! [`HeaderKey`](crate::HeaderKey) reads metadata as the headers they are
+//! (a `-bin` key's bytes hashed, never read as text). The same key for the
+//! same caller over axum and over gRPC, on one store, is one budget.
+//!
+//! # Give-backs and streams
+//!
+//! - A call is charged when it starts, before the handler runs, whether it
+//!   is unary or streaming; its initial metadata carry the headers.
+//! - [`ActualCost`](crate::ActualCost) in a tonic `Response`'s extensions
+//!   settles the charge, as over HTTP (tonic hands its extensions to the
+//!   HTTP response); so does [`settle_cost`](crate::RateLimitLayerBuilder::settle_cost).
+//! - Nothing stands in for the `304` refund by default: every gRPC answer is
+//!   an HTTP 200, so the default refund never applies. To give back the
+//!   charge of a call that failed at once, read its status from the head (a
+//!   trailers-only answer has `grpc-status` there) with `settle_cost`:
+//!   `.settle_cost(|head| (head.headers.get("grpc-status")? != "0").then_some(0))`.
+//!   A status sent in the trailers, after messages, comes too late for it.
+//! - The layer settles when the response's head passes it, which for a
+//!   stream is when it starts. A cost known only when a stream ends is
+//!   settled then by the handler: with
+//!   [`decision_extension`](crate::RateLimitLayerBuilder::decision_extension)
+//!   it finds the [`Decision`](crate::Decision) its call was charged in the
+//!   request's extensions, and calls
+//!   [`RateLimiter::settle`](crate::RateLimiter::settle) (from the layer's
+//!   [`limiter`](crate::RateLimitLayer::limiter)) with the caller's key when
+//!   its stream is done. Limits per message on a stream are not made here.
+//!
 //! Nothing here depends on a gRPC crate: the status details are a few
 //! protobuf fields, written by hand below (no protoc, no prost), and
 //! base64-encoded without padding, as gRPC's binary metadata is sent.

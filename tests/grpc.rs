@@ -200,10 +200,19 @@ async fn a_caller_has_one_budget_over_axum_and_grpc() {
     });
 
     let mut client = client(grpc).await;
-    assert_eq!(get(http, "/health").await, (http::StatusCode::OK, "2".into()));
+    assert_eq!(
+        get(http, "/health").await,
+        (http::StatusCode::OK, "2".into())
+    );
     let over_grpc = check(&mut client).await.unwrap();
-    assert_eq!(over_grpc.metadata().get("x-ratelimit-remaining").unwrap(), "1");
-    assert_eq!(get(http, "/health").await, (http::StatusCode::OK, "0".into()));
+    assert_eq!(
+        over_grpc.metadata().get("x-ratelimit-remaining").unwrap(),
+        "1"
+    );
+    assert_eq!(
+        get(http, "/health").await,
+        (http::StatusCode::OK, "0".into())
+    );
     // Spent over HTTP: switching to gRPC buys no second quota, and back.
     let refused = check(&mut client).await.unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted);
@@ -211,4 +220,143 @@ async fn a_caller_has_one_budget_over_axum_and_grpc() {
         get(http, "/health").await,
         (http::StatusCode::TOO_MANY_REQUESTS, "0".into())
     );
+}
+
+/// A health service of our own, to show what a handler's give-backs do:
+/// `Check` costs 2, said with `ActualCost` on its response as an HTTP
+/// handler says it; `Watch` is a stream of 3 messages whose cost (one a
+/// message) is known only when it ends, and settled then by the handler.
+struct Costly {
+    limiter: tollgate::RateLimiter,
+}
+
+type Messages = std::pin::Pin<
+    Box<
+        dyn futures::Stream<Item = Result<tonic_health::pb::HealthCheckResponse, tonic::Status>>
+            + Send,
+    >,
+>;
+
+#[tonic::async_trait]
+impl tonic_health::pb::health_server::Health for Costly {
+    async fn check(
+        &self,
+        _: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<tonic_health::pb::HealthCheckResponse>, tonic::Status> {
+        let mut response = tonic::Response::new(serving());
+        response.extensions_mut().insert(tollgate::ActualCost(2));
+        Ok(response)
+    }
+
+    type WatchStream = Messages;
+
+    async fn watch(
+        &self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<Messages>, tonic::Status> {
+        use futures::StreamExt;
+        use tollgate::key::Caller;
+        use tollgate::KeyExtractor;
+        // What the layer charged when the call started, and whose it was.
+        let charged = request
+            .extensions()
+            .get::<tollgate::Decision>()
+            .cloned()
+            .unwrap();
+        let peer = request.remote_addr().unwrap().ip();
+        let key = PeerIp::new().key_of(&Caller::new().ip(peer)).unwrap();
+        let limiter = self.limiter.clone();
+        let messages = futures::stream::iter((0..3).map(|_| Ok(serving())));
+        let settled = futures::stream::once(async move {
+            // The stream is over: it cost one a message.
+            limiter.settle(&key, &charged, 3).await.unwrap();
+            None
+        })
+        .filter_map(|end: Option<Result<_, tonic::Status>>| async move { end });
+        Ok(tonic::Response::new(Box::pin(messages.chain(settled))))
+    }
+}
+
+fn serving() -> tonic_health::pb::HealthCheckResponse {
+    tonic_health::pb::HealthCheckResponse {
+        status: tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+    }
+}
+
+#[tokio::test]
+async fn a_handlers_actual_cost_settles_and_a_stream_is_charged_at_its_start_and_settled_at_its_end(
+) {
+    let layer = RateLimitLayer::builder()
+        .policy(Policy::fixed_window(
+            "api",
+            Quota::per_minute(NonZeroU32::new(10).unwrap()),
+        ))
+        .key(PeerIp::new())
+        .decision_extension(true)
+        .build()
+        .unwrap();
+    let service = tonic_health::pb::health_server::HealthServer::new(Costly {
+        limiter: layer.limiter(),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(service)
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let mut client = client(addr).await;
+    let remaining = |metadata: &tonic::metadata::MetadataMap| {
+        metadata
+            .get("x-ratelimit-remaining")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+
+    // Charged 1, settled to the 2 the handler said, in the same response.
+    let checked = check(&mut client).await.unwrap();
+    assert_eq!(remaining(checked.metadata()), "8");
+
+    // A stream is charged when it starts: its initial metadata says so.
+    let request = HealthCheckRequest {
+        service: String::new(),
+    };
+    let watch = client.watch(request).await.unwrap();
+    assert_eq!(remaining(watch.metadata()), "7");
+    let mut messages = watch.into_inner();
+    let mut received = 0;
+    while let Some(message) = messages.message().await.unwrap() {
+        assert_eq!(message, serving());
+        received += 1;
+    }
+    assert_eq!(received, 3);
+    // Settled to 3 when it ended: 10 - 2 - 3, then this call's 2.
+    let after = check(&mut client).await.unwrap();
+    assert_eq!(remaining(after.metadata()), "3");
+}
+
+#[tokio::test]
+async fn a_failed_call_is_given_back_when_settle_cost_reads_its_grpc_status() {
+    // gRPC has no 304: every answer is an HTTP 200. What stands in is the
+    // status, in the head of a call that failed at once (trailers-only).
+    let layer = three_a_minute(Arc::new(MemoryStore::new()))
+        .settle_cost(|head| {
+            let status = head.headers.get("grpc-status")?;
+            (status != "0").then_some(0)
+        })
+        .build()
+        .unwrap();
+    let mut client = client(serve(layer).await).await;
+    for _ in 0..5 {
+        let request = HealthCheckRequest {
+            service: "unknown".into(),
+        };
+        let status = client.check(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+    }
+    let passed = check(&mut client).await.expect("failed calls cost nothing");
+    assert_eq!(passed.metadata().get("x-ratelimit-remaining").unwrap(), "2");
 }
