@@ -110,7 +110,9 @@ pub use tier::TieredLayer;
     feature = "throttle",
     feature = "queue",
     feature = "metrics",
-    feature = "admin"
+    feature = "admin",
+    feature = "grpc",
+    feature = "tonic"
 ))]
 mod docs_doctests {
     #[doc = include_str!("../README.md")]
