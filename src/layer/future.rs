@@ -15,9 +15,9 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::answer::answer;
 use super::body::ResponseBody;
 use super::respond::{respond, Admitted, BoxedResponse, Responded};
-use super::service::answer;
 use crate::limiter::{Limiter, Pending, ReleaseGuard, Step, Verdict};
 use crate::response::Body;
 

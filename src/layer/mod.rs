@@ -10,6 +10,7 @@ pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 
+mod answer;
 mod body;
 mod builder;
 mod future;

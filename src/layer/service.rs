@@ -8,11 +8,11 @@ use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::answer::answer;
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::respond::Admitted;
 use crate::limiter::{Limiter, ReleaseGuard, Verdict};
-use crate::response::Body;
 
 /// Rate-limits requests to `S`. Made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -127,19 +127,4 @@ where
             ResponseFuture::waiting(admission, limiter.clone(), inner, parts, body)
         }
     }
-}
-
-/// The layer's own answer to the request `parts` heads: as written, or, for
-/// a gRPC call (feature `grpc`), as the gRPC status it stands for
-/// (`grpc.rs`). Asked only of a refusal: a request let through pays
-/// nothing for it.
-pub(crate) fn answer(limiter: &Limiter, parts: &Parts, response: Response<Body>) -> Response<Body> {
-    #[cfg(feature = "grpc")]
-    if crate::grpc::is_grpc(&parts.headers) {
-        let config = &limiter.config;
-        return crate::grpc::status(response, config.policy.name(), config.grpc_limited);
-    }
-    #[cfg(not(feature = "grpc"))]
-    let _ = (limiter, parts);
-    response
 }
