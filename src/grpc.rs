@@ -22,6 +22,39 @@
 //! read); and the rate-limit headers, in the dialect chosen, as metadata.
 //! A call let through carries the rate-limit headers as its initial
 //! metadata, as an HTTP response carries them.
+//! [`RateLimitLayer`](crate::RateLimitLayer) and
+//! [`TieredLayer`](crate::TieredLayer) answer so; the work queue's layer
+//! (feature `queue`) reads HTTP bodies and answers HTTP only.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use std::num::NonZeroU32;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tollgate::{HeaderKey, Policy, Quota, RateLimitLayer};
+//!
+//! let layer = RateLimitLayer::builder()
+//!     .policy(Policy::fixed_window("api", Quota::per_minute(NonZeroU32::new(1).unwrap())))
+//!     .key(HeaderKey::new("x-api-key"))
+//!     .build()
+//!     .unwrap();
+//! let service = ServiceBuilder::new().layer(layer).service_fn(|_: http::Request<()>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//! });
+//! let call = || {
+//!     http::Request::post("/grpc.health.v1.Health/Check")
+//!         .header("content-type", "application/grpc")
+//!         .header("x-api-key", "k1")
+//!         .body(())
+//!         .unwrap()
+//! };
+//! service.clone().oneshot(call()).await.unwrap();
+//! let refused = service.oneshot(call()).await.unwrap();
+//! assert_eq!(refused.status(), 200); // the status rides in the headers
+//! assert_eq!(refused.headers()["grpc-status"], "8"); // RESOURCE_EXHAUSTED
+//! assert!(refused.headers().contains_key("grpc-retry-pushback-ms"));
+//! assert_eq!(refused.headers()["x-ratelimit-remaining"], "0");
+//! # }
+//! ```
 //!
 //! # Keys
 //!
@@ -103,6 +136,12 @@ pub enum LimitedCode {
 
 impl LimitedCode {
     /// The status's number, as sent in `grpc-status`.
+    ///
+    /// ```
+    /// use tollgate::grpc::LimitedCode;
+    /// assert_eq!(LimitedCode::ResourceExhausted.code(), 8);
+    /// assert_eq!(LimitedCode::Unavailable.code(), 14);
+    /// ```
     pub fn code(self) -> u8 {
         match self {
             LimitedCode::ResourceExhausted => RESOURCE_EXHAUSTED,
