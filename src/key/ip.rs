@@ -30,7 +30,10 @@ const DEFAULT_IPV6_PREFIX: u8 = 64;
 ///
 /// With feature `tonic` it also reads the address a tonic server records
 /// (`tonic::transport::server::TcpConnectInfo`), so a caller has the same
-/// key over axum and over gRPC: one budget across both.
+/// key over axum and over gRPC: one budget across both. A tonic server that
+/// terminates TLS itself records `TlsConnectInfo` instead, which this does
+/// not read: key such calls with a closure over it, or terminate TLS in
+/// front.
 ///
 /// ```
 /// use std::net::SocketAddr;
