@@ -52,6 +52,9 @@ pub mod clock;
 pub mod decision;
 pub mod error;
 mod failure;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 pub mod headers;
 pub mod key;
 pub mod layer;
@@ -107,7 +110,9 @@ pub use tier::TieredLayer;
     feature = "throttle",
     feature = "queue",
     feature = "metrics",
-    feature = "admin"
+    feature = "admin",
+    feature = "grpc",
+    feature = "tonic"
 ))]
 mod docs_doctests {
     #[doc = include_str!("../README.md")]

@@ -1,16 +1,100 @@
-//! The responses the layer writes itself: 429, key errors, fail-closed 503.
+//! The responses the layer writes itself: 429, key errors, fail-closed 503;
+//! their [`Body`], and what each refuses ([`Refusal`]), from which a gRPC
+//! caller's status is made.
 
-use axum::body::Body;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
+use http_body::{Frame, SizeHint};
 use serde_json::json;
 
 use crate::decision::{Decision, Scope};
+use crate::error::KeyError;
 use crate::headers::PolicyHeaders;
 use crate::policy::Policy;
 
-fn json(status: StatusCode, body: serde_json::Value) -> Response<Body> {
-    let mut response = Response::new(Body::from(body.to_string()));
+/// What a response the layer wrote refuses, and what a client needs to
+/// know of it beyond the HTTP status: a gRPC caller gets its status from it
+/// (`layer/grpc.rs`). Carried in the [`Body`], so knowing it costs no
+/// allocation.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+pub(crate) enum Refusal {
+    /// A quota is used up, or the caller is in the penalty box (`blocked`).
+    Limited {
+        retry_after: Duration,
+        scope: Scope,
+        blocked: bool,
+    },
+    /// A new caller refused while throttling.
+    Throttled { retry_after: Duration },
+    /// On the deny list.
+    Denied,
+    /// No key could be taken from the request.
+    Unidentified(KeyError),
+    /// The store failed and the policy is to fail closed.
+    Unavailable { retry_after: Duration },
+    /// No tier counts the caller.
+    Unplaced,
+    /// The request itself was refused (a work queue's body too large).
+    #[cfg_attr(not(feature = "queue"), allow(dead_code))]
+    Malformed,
+}
+
+/// The body of a response the layer writes itself: its JSON message in one
+/// frame, and the [`Refusal`] it says.
+#[derive(Debug)]
+pub(crate) struct Body {
+    data: Option<Bytes>,
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+    pub(crate) refusal: Refusal,
+}
+
+impl Body {
+    pub(crate) fn new(data: impl Into<Bytes>, refusal: Refusal) -> Self {
+        Self {
+            data: Some(data.into()),
+            refusal,
+        }
+    }
+
+    /// No data at all: a gRPC answer is its headers only.
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+    pub(crate) fn empty(refusal: Refusal) -> Self {
+        Self {
+            data: None,
+            refusal,
+        }
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.data.take().map(|data| Ok(Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+fn json(status: StatusCode, body: serde_json::Value, refusal: Refusal) -> Response<Body> {
+    let mut response = Response::new(Body::new(body.to_string(), refusal));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -37,11 +121,15 @@ pub(crate) fn limited(
     if !map.contains_key(RETRY_AFTER) {
         map.insert(RETRY_AFTER, HeaderValue::from(retry_after));
     }
-    let mut response = Response::new(Body::from(limited_body(
-        policy.name(),
-        decision,
-        retry_after,
-    )));
+    let refusal = Refusal::Limited {
+        retry_after: decision
+            .retry_after
+            .unwrap_or(Duration::from_secs(retry_after)),
+        scope: decision.scope,
+        blocked: decision.blocked,
+    };
+    let body = limited_body(policy.name(), decision, retry_after);
+    let mut response = Response::new(Body::new(body, refusal));
     *response.status_mut() = status;
     *response.headers_mut() = map;
     response
@@ -103,10 +191,11 @@ fn limited_body(name: &str, decision: &Decision, retry_after: u64) -> String {
 }
 
 /// No key could be taken from the request.
-pub(crate) fn unidentified(status: StatusCode, why: &crate::KeyError) -> Response<Body> {
+pub(crate) fn unidentified(status: StatusCode, why: &KeyError) -> Response<Body> {
     json(
         status,
         json!({ "message": format!("cannot identify the caller for rate limiting: {why}") }),
+        Refusal::Unidentified(why.clone()),
     )
 }
 
@@ -115,6 +204,9 @@ pub(crate) fn unavailable(retry_after_secs: u64) -> Response<Body> {
     let mut response = json(
         StatusCode::SERVICE_UNAVAILABLE,
         json!({ "message": "rate limiting is unavailable; try again shortly" }),
+        Refusal::Unavailable {
+            retry_after: Duration::from_secs(retry_after_secs.max(1)),
+        },
     );
     response
         .headers_mut()
@@ -132,6 +224,7 @@ pub(crate) fn denied(status: StatusCode, policy: &Policy) -> Response<Body> {
             "message": format!("requests from this caller are refused for resource '{}'.", policy.name()),
             "resource": policy.name(),
         }),
+        Refusal::Denied,
     )
 }
 
@@ -144,7 +237,8 @@ pub(crate) fn throttled(status: StatusCode, retry_after: std::time::Duration) ->
         "message": "The service is busy: sessions in progress are served, new ones are refused for now.",
         "retry_after": secs,
     });
-    let mut response = Response::new(Body::from(body.to_string()));
+    let refusal = Refusal::Throttled { retry_after };
+    let mut response = Response::new(Body::new(body.to_string(), refusal));
     *response.status_mut() = status;
     let h = response.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -33,6 +33,7 @@ const FLOORS: &[&str] = &[
     "metrics",
     "access",
     "response",
+    "grpc",
     // The parts the strategies build on.
     "store",
     "store::keys",

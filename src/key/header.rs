@@ -9,6 +9,12 @@ use crate::error::KeyError;
 /// The value is hashed (SHA-256, 128 bits kept) so a secret never appears in
 /// clear as a store key, in logs or in metrics.
 ///
+/// gRPC metadata are headers, so this reads a gRPC call's metadata key as
+/// it reads an HTTP header. Its bytes are hashed as they came, never read
+/// as text: a binary key (`x-token-bin`) works, and is keyed by its base64
+/// as the client sent it (a client that pads it one time and not the next
+/// gets two keys).
+///
 /// ```
 /// use axum::http::Request;
 /// use tollgate::{HeaderKey, KeyExtractor};

@@ -28,6 +28,13 @@ const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// Behind a reverse proxy every request has the proxy's address: use
 /// [`ForwardedIp`] there.
 ///
+/// With feature `tonic` it also reads the address a tonic server records
+/// (`tonic::transport::server::TcpConnectInfo`), so a caller has the same
+/// key over axum and over gRPC: one budget across both. A tonic server that
+/// terminates TLS itself records `TlsConnectInfo` instead, which this does
+/// not read: key such calls with a closure over it, or terminate TLS in
+/// front.
+///
 /// ```
 /// use std::net::SocketAddr;
 /// use axum::{extract::ConnectInfo, http::Request};
@@ -237,9 +244,23 @@ pub(crate) fn peer(parts: &Parts) -> Result<IpAddr, KeyError> {
                 .get::<MockConnectInfo<SocketAddr>>()
                 .map(|m| m.0.ip())
         })
+        // What tonic's server records for a call over TCP.
+        .or_else(|| tonic_peer(extensions))
         .ok_or(KeyError::Missing(
             "peer address (serve with into_make_service_with_connect_info)",
         ))
+}
+
+#[cfg(feature = "tonic")]
+fn tonic_peer(extensions: &http::Extensions) -> Option<IpAddr> {
+    use tonic::transport::server::TcpConnectInfo;
+    let info = extensions.get::<TcpConnectInfo>()?;
+    info.remote_addr().map(|addr| addr.ip())
+}
+
+#[cfg(not(feature = "tonic"))]
+fn tonic_peer(_: &http::Extensions) -> Option<IpAddr> {
+    None
 }
 
 /// The `for=` value of one RFC 7239 element, unquoted.

@@ -33,6 +33,7 @@ use super::{RateLimitLayer, DEFAULT_COOLDOWN, DEFAULT_DEADLINE};
 /// | [`failure_cooldown`](Self::failure_cooldown) | [`DEFAULT_COOLDOWN`] (500 ms) |
 /// | [`limited_status`](Self::limited_status) | 429 |
 /// | [`key_error_status`](Self::key_error_status) | 400 |
+/// | `grpc_limited_code` (feature `grpc`) | `RESOURCE_EXHAUSTED`, for a gRPC call |
 /// | [`refund_when`](Self::refund_when) | status is `304 Not Modified` |
 /// | [`settle_cost`](Self::settle_cost) | the response's [`ActualCost`](crate::ActualCost) extension, if any |
 /// | [`headers`](Self::headers) | [`RateLimitHeaders::GITHUB`] |
@@ -70,6 +71,8 @@ pub struct RateLimitLayerBuilder {
     failure: FailurePolicy,
     limited_status: StatusCode,
     key_error_status: StatusCode,
+    #[cfg(feature = "grpc")]
+    grpc_limited: crate::grpc::LimitedCode,
     refund_when: crate::limiter::RefundWhen,
     settle_cost: Option<Arc<crate::limiter::SettleFn>>,
     headers: RateLimitHeaders,
@@ -92,6 +95,8 @@ impl Default for RateLimitLayerBuilder {
             failure: FailurePolicy::default(),
             limited_status: StatusCode::TOO_MANY_REQUESTS,
             key_error_status: StatusCode::BAD_REQUEST,
+            #[cfg(feature = "grpc")]
+            grpc_limited: crate::grpc::LimitedCode::ResourceExhausted,
             refund_when: crate::limiter::RefundWhen::NotModified,
             settle_cost: None,
             headers: RateLimitHeaders::default(),
@@ -214,6 +219,28 @@ impl RateLimitLayerBuilder {
     /// The status when no key can be taken from a request (default 400).
     pub fn key_error_status(mut self, status: StatusCode) -> Self {
         self.key_error_status = status;
+        self
+    }
+
+    /// The gRPC status of a gRPC call refused for its quota (default
+    /// `RESOURCE_EXHAUSTED`); see [`tollgate::grpc`](crate::grpc) for what
+    /// every refusal of a gRPC call is.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::grpc::LimitedCode;
+    /// use tollgate::{Policy, Quota, RateLimitLayer};
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(Policy::fixed_window("core", Quota::per_second(NonZeroU32::new(5).unwrap())))
+    ///     .grpc_limited_code(LimitedCode::Unavailable) // as Envoy answers
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "grpc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+    pub fn grpc_limited_code(mut self, code: crate::grpc::LimitedCode) -> Self {
+        self.grpc_limited = code;
         self
     }
 
@@ -591,6 +618,8 @@ impl RateLimitLayerBuilder {
                     failure: self.failure,
                     limited_status: self.limited_status,
                     key_error_status: self.key_error_status,
+                    #[cfg(feature = "grpc")]
+                    grpc_limited: self.grpc_limited,
                     refund_when: self.refund_when,
                     settle_cost: self.settle_cost,
                     shadow: self.shadow,

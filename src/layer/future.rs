@@ -10,23 +10,24 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use axum::body::Body;
-use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::answer::answer;
+use super::body::ResponseBody;
 use super::respond::{respond, Admitted, BoxedResponse, Responded};
 use crate::limiter::{Limiter, Pending, ReleaseGuard, Step, Verdict};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::response::Body;
 
 /// A request waiting to be admitted, as a boxed future.
 type BoxedWait<F> = Pin<Box<dyn Future<Output = Waited<F>> + Send>>;
 
 pin_project! {
-    /// Resolves to the inner service's response, or to the layer's own.
+    /// Resolves to the inner service's response, or to the layer's own:
+    /// a [`ResponseBody`] around the inner service's body `B`, or the
+    /// layer's. `F` is the inner service's future, `E` its error.
     ///
     /// A request decided without waiting (an in-process store, an allow or
     /// deny list) runs the inner service's future in place, with nothing
@@ -35,15 +36,15 @@ pin_project! {
     ///
     /// Dropping it (a client that went away) cancels the store call too; no
     /// task is left behind.
-    pub struct ResponseFuture<F, E> {
+    pub struct ResponseFuture<F, B, E> {
         #[pin]
-        state: State<F, E>,
+        state: State<F, B, E>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, E> {
+    enum State<F, B, E> {
         /// The layer answered (a 429, 400 or 503) without the inner service.
         Answered { response: Option<Response<Body>> },
         /// Awaiting the store's answer, or a leaky bucket's turn; then the
@@ -56,7 +57,7 @@ pin_project! {
             admitted: Option<Admitted>,
         },
         /// Anything else that awaits: a settle, a work queue's push.
-        Boxed { future: BoxedResponse<E> },
+        Boxed { future: BoxedResponse<B, E> },
     }
 }
 
@@ -66,7 +67,7 @@ enum Waited<F> {
     Admitted(F, Admitted),
 }
 
-impl<F, E> ResponseFuture<F, E> {
+impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn answered(response: Response<Body>) -> Self {
         Self {
             state: State::Answered {
@@ -111,7 +112,7 @@ impl<F, E> ResponseFuture<F, E> {
     /// Any other way to a response, boxed: the work queue's push.
     #[cfg_attr(not(feature = "queue"), allow(dead_code))]
     pub(crate) fn boxed(
-        future: impl Future<Output = Result<Response<Body>, E>> + Send + 'static,
+        future: impl Future<Output = Result<Response<ResponseBody<B>>, E>> + Send + 'static,
     ) -> Self {
         Self {
             state: State::Boxed {
@@ -139,7 +140,7 @@ where
     };
     let pass = match verdict {
         Verdict::Pass(pass) => pass,
-        Verdict::Respond(response) => return Waited::Answered(response),
+        Verdict::Respond(response) => return Waited::Answered(answer(&limiter, &parts, response)),
     };
     // Dropping this future from here on (the client left) drops the
     // guard, which gives the charge back without blocking.
@@ -160,25 +161,26 @@ where
     )
 }
 
-impl<F, E, B> Future for ResponseFuture<F, E>
+impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: Send + 'static,
     E: 'static,
 {
-    type Output = Result<Response<Body>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             let next = match self.as_mut().project().state.project() {
                 StateProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(response.map(ResponseBody::own)));
                 }
                 StateProj::Boxed { future } => return future.as_mut().poll(cx),
                 StateProj::Waiting { future } => match ready!(future.as_mut().poll(cx)) {
-                    Waited::Answered(response) => return Poll::Ready(Ok(response)),
+                    Waited::Answered(response) => {
+                        return Poll::Ready(Ok(response.map(ResponseBody::own)))
+                    }
                     Waited::Admitted(future, admitted) => State::Inner {
                         future,
                         admitted: Some(admitted),
@@ -197,7 +199,7 @@ where
     }
 }
 
-impl<F, E> fmt::Debug for ResponseFuture<F, E> {
+impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -5,10 +5,12 @@
 pub use crate::error::PeekError;
 pub use crate::limiter::Fallback;
 pub use crate::local::LocalCache;
+pub use body::ResponseBody;
 pub use builder::RateLimitLayerBuilder;
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 
+mod answer;
 mod body;
 mod builder;
 mod future;

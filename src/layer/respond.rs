@@ -8,18 +8,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::body::Body;
-use bytes::Bytes;
 use http::response::Parts;
 use http::Response;
 
-use super::body::body_of;
+use super::body::ResponseBody;
 use crate::limiter::{Limiter, Pass, ReleaseGuard};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// A response on its way back through the layer, as a boxed future.
-pub(crate) type BoxedResponse<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
+pub(crate) type BoxedResponse<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
 /// An admitted request, from the moment the inner service is called for
 /// it until its response is settled: what settling it takes. Built where
@@ -34,9 +31,9 @@ pub(crate) struct Admitted {
 
 /// The response, ready; or, when its settle must be awaited, the rest of
 /// the way, boxed.
-pub(crate) enum Responded<E> {
-    Now(Response<Body>),
-    Later(BoxedResponse<E>),
+pub(crate) enum Responded<B, E> {
+    Now(Response<ResponseBody<B>>),
+    Later(BoxedResponse<B, E>),
 }
 
 /// Settles an admitted request once the inner service answered, writes
@@ -45,10 +42,12 @@ pub(crate) enum Responded<E> {
 /// response carries, and moving it costs a copy. A store that settles at
 /// once (in process, or with nothing to settle) answers
 /// [`Responded::Now`], with nothing allocated.
-pub(crate) fn respond<B, E>(admitted: &mut Option<Admitted>, response: Response<B>) -> Responded<E>
+pub(crate) fn respond<B, E>(
+    admitted: &mut Option<Admitted>,
+    response: Response<B>,
+) -> Responded<B, E>
 where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: Send + 'static,
     E: 'static,
 {
     let (mut head, body) = response.into_parts();
@@ -59,16 +58,15 @@ where
     }
     let guard = admitted.as_mut().and_then(|a| a.guard.take());
     *admitted = None;
-    Responded::Now(Response::from_parts(head, body_of(body, guard)))
+    Responded::Now(Response::from_parts(head, ResponseBody::inner(body, guard)))
 }
 
 /// [`respond`] for a settle that must be awaited (a 304 on Redis, or an
 /// actual cost that differs from the estimate): boxed, as the rare path
 /// it is.
-fn settle_later<B, E>(admitted: Admitted, mut head: Parts, body: B) -> BoxedResponse<E>
+fn settle_later<B, E>(admitted: Admitted, mut head: Parts, body: B) -> BoxedResponse<B, E>
 where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: Send + 'static,
     E: 'static,
 {
     let Admitted {
@@ -78,6 +76,6 @@ where
     } = admitted;
     Box::pin(async move {
         limiter.settle(pass, &mut head).await;
-        Ok(Response::from_parts(head, body_of(body, guard)))
+        Ok(Response::from_parts(head, ResponseBody::inner(body, guard)))
     })
 }

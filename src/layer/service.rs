@@ -4,23 +4,24 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
-use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::answer::answer;
+use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::respond::Admitted;
 use crate::limiter::{Limiter, ReleaseGuard, Verdict};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Rate-limits requests to `S`. Made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
 /// Holds no limiter state of its own (that lives in the store), so cloning it
 /// (axum clones per request) never splits a budget. Every outcome is a
-/// response; errors are only ever the inner service's.
+/// response; errors are only ever the inner service's. It answers the inner
+/// service's body as it is, in a [`ResponseBody`] (the layer's own for its
+/// rejections), so it wraps any tower service of `http` requests: an axum
+/// router or handler, a hyper service, a tonic server.
 ///
 /// ```
 /// use std::num::NonZeroU32;
@@ -63,12 +64,11 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Send + 'static,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: Send + 'static,
 {
-    type Response = Response<Body>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -90,17 +90,18 @@ pub(crate) fn limit<S, ReqBody, ResBody>(
     limiter: &Arc<Limiter>,
     mut parts: Parts,
     body: ReqBody,
-) -> ResponseFuture<S::Future, S::Error>
+) -> ResponseFuture<S::Future, ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Send + 'static,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: Send + 'static,
 {
     match limiter.admit_now(&mut parts) {
-        ControlFlow::Break((Verdict::Respond(response), _)) => ResponseFuture::answered(response),
+        ControlFlow::Break((Verdict::Respond(response), _)) => {
+            ResponseFuture::answered(answer(limiter, &parts, response))
+        }
         // Decided without waiting (an in-process store): the inner
         // service, made ready in `poll_ready`, runs in place.
         ControlFlow::Break((Verdict::Pass(pass), _)) if pass.delay().is_none() => {

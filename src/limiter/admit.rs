@@ -10,7 +10,6 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use axum::body::Body;
 use http::request::Parts;
 use http::Response;
 use tracing::Instrument;
@@ -25,7 +24,7 @@ use crate::key::Key;
 use crate::local::LocalAnswer;
 use crate::metrics::{Outcome, Stopwatch};
 use crate::policy::Policy;
-use crate::response;
+use crate::response::{self, Body};
 use crate::store::Store;
 
 /// One step of admission: the request is answered now

@@ -11,7 +11,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use http::request::Parts;
 use http::{Response, StatusCode};
 
@@ -25,6 +24,7 @@ use crate::local::seed::Learned;
 use crate::local::LocalDecisions;
 use crate::metrics::{Outcome, PolicyMetrics};
 use crate::policy::Policy;
+use crate::response::Body;
 use crate::store::Store;
 
 mod admit;
@@ -110,6 +110,9 @@ pub(crate) struct Config {
     pub(crate) failure: FailurePolicy,
     pub(crate) limited_status: StatusCode,
     pub(crate) key_error_status: StatusCode,
+    /// The gRPC status of a call refused for its quota.
+    #[cfg(feature = "grpc")]
+    pub(crate) grpc_limited: crate::grpc::LimitedCode,
     pub(crate) refund_when: RefundWhen,
     /// Reads a response's actual cost; `None` reads its
     /// [`ActualCost`](crate::decision::ActualCost) extension.

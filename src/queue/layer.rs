@@ -20,12 +20,12 @@ use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::headers::{PolicyHeaders, RateLimitHeaders};
 use crate::key::{KeyExtractor, PeerIp};
-use crate::layer::ResponseFuture;
 use crate::layer::DEFAULT_DEADLINE;
+use crate::layer::{ResponseBody, ResponseFuture};
 use crate::policy::Policy;
 use crate::policy::Strategy;
 use crate::quota::Quota;
-use crate::response;
+use crate::response::{self, Refusal};
 use crate::strategy::leaky_bucket::interval_micros;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -282,12 +282,11 @@ where
     S::Error: Send + 'static,
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: Send + 'static,
 {
-    type Response = Response<Body>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -303,11 +302,16 @@ where
             let (mut parts, body) = request.into_parts();
             let key = match config.key.extract(&parts) {
                 Ok(key) => key,
-                Err(err) => return Ok(response::unidentified(config.key_error_status, &err)),
+                Err(err) => {
+                    let answer = response::unidentified(config.key_error_status, &err);
+                    return Ok(answer.map(ResponseBody::own));
+                }
             };
             let body = match read_body(body, config.max_body).await {
                 Ok(body) => body,
-                Err(status) => return Ok(body_refused(status, config.max_body)),
+                Err(status) => {
+                    return Ok(body_refused(status, config.max_body).map(ResponseBody::own))
+                }
             };
             let mut job = Job::new()
                 .field("key", key.as_str().to_owned())
@@ -323,11 +327,11 @@ where
                 Ok(Ok(pushed)) => pushed,
                 Ok(Err(err)) => {
                     tracing::warn!(queue = config.policy.name(), error = %err, "work queue push failed");
-                    return Ok(response::unavailable(1));
+                    return Ok(response::unavailable(1).map(ResponseBody::own));
                 }
                 Err(_) => {
                     tracing::warn!(queue = config.policy.name(), "work queue push timed out");
-                    return Ok(response::unavailable(1));
+                    return Ok(response::unavailable(1).map(ResponseBody::own));
                 }
             };
             let decision = config.decision(&pushed);
@@ -337,12 +341,13 @@ where
                     len = pushed.len,
                     "work queue full"
                 );
-                return Ok(response::limited(
+                let answer = response::limited(
                     config.limited_status,
                     &config.policy,
                     &decision,
                     &config.headers,
-                ));
+                );
+                return Ok(answer.map(ResponseBody::own));
             };
             parts.extensions.insert(Enqueued {
                 id,
@@ -357,7 +362,7 @@ where
             config
                 .headers
                 .apply(&mut head.headers, &config.policy, &decision);
-            Ok(Response::from_parts(head, Body::new(body)))
+            Ok(Response::from_parts(head, ResponseBody::inner(body, None)))
         })
     }
 }
@@ -401,13 +406,17 @@ where
     Ok(out.freeze())
 }
 
-fn body_refused(status: StatusCode, max: usize) -> Response<Body> {
+fn body_refused(status: StatusCode, max: usize) -> Response<response::Body> {
     let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
         format!("the request body is larger than {max} bytes")
     } else {
         "the request body could not be read".to_owned()
     };
-    let mut response = Response::new(Body::from(json!({ "message": message }).to_string()));
+    let body = response::Body::new(
+        json!({ "message": message }).to_string(),
+        Refusal::Malformed,
+    );
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     response.headers_mut().insert(
         CONTENT_TYPE,

@@ -4,16 +4,13 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
-use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
 use super::Tiers;
-use crate::layer::ResponseFuture;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::layer::{ResponseBody, ResponseFuture};
+use crate::response::{Body, Refusal};
 
 /// Rate-limits requests to `S` under the tier each one is placed in. Made by
 /// [`TieredLayer`](crate::TieredLayer).
@@ -67,12 +64,11 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Send + 'static,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: Send + 'static,
 {
-    type Response = Response<Body>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -82,19 +78,28 @@ where
         let (parts, body) = request.into_parts();
         match self.tiers.place(&parts) {
             Ok(limiter) => crate::layer::service::limit(&mut self.inner, limiter, parts, body),
-            Err(status) => ResponseFuture::answered(unplaced(status)),
+            Err(status) => ResponseFuture::answered(unplaced(status, &parts)),
         }
     }
 }
 
 /// The answer to a request no tier counts.
-fn unplaced(status: StatusCode) -> Response<Body> {
-    let mut response = Response::new(Body::from(
+fn unplaced(status: StatusCode, parts: &http::request::Parts) -> Response<Body> {
+    let mut response = Response::new(Body::new(
         r#"{"message":"cannot place the caller in a rate-limit tier"}"#,
+        Refusal::Unplaced,
     ));
     *response.status_mut() = status;
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    #[cfg(feature = "grpc")]
+    if crate::grpc::is_grpc(&parts.headers) {
+        // No tier, so no limit to name: the status is INVALID_ARGUMENT.
+        let limited = crate::grpc::LimitedCode::default();
+        return crate::grpc::status(response, "", limited);
+    }
+    #[cfg(not(feature = "grpc"))]
+    let _ = parts;
     response
 }
