@@ -7,13 +7,10 @@
 mod support;
 
 use std::num::NonZeroU32;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use redis::aio::ConnectionManager;
 use support::conformance::T0;
-use tokio::runtime::Runtime;
 use tollgate::clock::ManualClock;
 use tollgate::decision::Receipt;
 use tollgate::store::Leases;
@@ -21,26 +18,7 @@ use tollgate::{
     Decision, Key, MemoryStore, Override, PenaltyBox, Policy, PolicyLimit, Quota, RedisStore, Store,
 };
 
-/// One runtime for every case, so the shared connection's tasks keep running.
-static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-});
-
-static CONNECTION: tokio::sync::OnceCell<ConnectionManager> = tokio::sync::OnceCell::const_new();
-
-async fn connection() -> ConnectionManager {
-    let connect = || async {
-        redis::Client::open(support::redis::shared_url())
-            .unwrap()
-            .get_connection_manager()
-            .await
-            .unwrap()
-    };
-    CONNECTION.get_or_init(connect).await.clone()
-}
+use support::redis::{shared_connection as connection, PROPTEST_RUNTIME as RUNTIME};
 
 fn q(limit: u32, millis: u64) -> Quota {
     Quota::new(limit, Duration::from_millis(millis)).unwrap()

@@ -4,6 +4,8 @@
 //! pushback, the `RetryInfo` and the rate-limit metadata; and what a call
 //! let through carries. An HTTP request to the same layer keeps its 429.
 
+mod support;
+
 use std::convert::Infallible;
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -12,14 +14,10 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tollgate::clock::ManualClock;
-use tollgate::decision::Receipt;
-use tollgate::error::StoreErrorKind;
 use tollgate::grpc::LimitedCode;
 use tollgate::headers::RateLimitHeaders;
-use tollgate::store::BoxFuture;
 use tollgate::{
-    Decision, FailurePolicy, HeaderKey, Key, MemoryStore, Policy, Quota, RateLimitLayer,
-    RateLimitLayerBuilder, Store, StoreError,
+    FailurePolicy, HeaderKey, MemoryStore, Policy, Quota, RateLimitLayer, RateLimitLayerBuilder,
 };
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -163,46 +161,7 @@ async fn a_call_without_a_key_is_invalid_argument_never_an_http_400() {
     assert!(!headers.contains_key("grpc-retry-pushback-ms"));
 }
 
-/// A store that is always down, as the layer sees an unreachable Redis.
-#[derive(Debug)]
-struct Down;
-
-fn down<T>() -> BoxFuture<'static, Result<T, StoreError>> {
-    Box::pin(async {
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "connection refused",
-        ))
-    })
-}
-
-impl Store for Down {
-    fn check<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-        _: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        down()
-    }
-
-    fn peek<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        down()
-    }
-
-    fn refund<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-        _: &'a Receipt,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        down()
-    }
-}
+use support::down::Down;
 
 #[tokio::test]
 async fn a_store_down_under_fail_closed_is_unavailable_never_an_http_503() {

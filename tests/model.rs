@@ -25,36 +25,15 @@
 mod support;
 
 use std::num::NonZeroU32;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use redis::aio::ConnectionManager;
 use support::conformance::T0;
-use tokio::runtime::Runtime;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::store::Leases;
 use tollgate::{Decision, Key, MemoryStore, Override, Policy, Quota, RateLimiter, RedisStore};
 
-static RUNTIME: LazyLock<Runtime> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-});
-
-static CONNECTION: tokio::sync::OnceCell<ConnectionManager> = tokio::sync::OnceCell::const_new();
-
-async fn connection() -> ConnectionManager {
-    let connect = || async {
-        redis::Client::open(support::redis::shared_url())
-            .unwrap()
-            .get_connection_manager()
-            .await
-            .unwrap()
-    };
-    CONNECTION.get_or_init(connect).await.clone()
-}
+use support::redis::{shared_connection as connection, PROPTEST_RUNTIME as RUNTIME};
 
 /// Every policy's window, µs.
 const WINDOW: u64 = 1_000_000;

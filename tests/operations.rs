@@ -18,7 +18,6 @@ mod support;
 
 use support::counting::Counting;
 use tollgate::decision::Receipt;
-use tollgate::error::StoreErrorKind;
 use tollgate::store::BoxFuture;
 use tollgate::{
     Decision, FailurePolicy, ForwardedIp, HeaderKey, Key, Policy, Quota, RateLimitLayer,
@@ -27,52 +26,7 @@ use tollgate::{
 
 // ---------------------------------------------------------------- doubles
 
-/// A store that is always down, as the layer sees an unreachable Redis.
-#[derive(Debug)]
-struct Down;
-
-impl Store for Down {
-    fn check<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-        _: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async {
-            Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "connection refused",
-            ))
-        })
-    }
-
-    fn peek<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async {
-            Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "connection refused",
-            ))
-        })
-    }
-
-    fn refund<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-        _: &'a Receipt,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async {
-            Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "connection refused",
-            ))
-        })
-    }
-}
+use support::down::Down;
 
 // ---------------------------------------------------------------- helpers
 

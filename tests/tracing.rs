@@ -22,7 +22,6 @@ use axum::Router;
 use tower::ServiceExt;
 
 use tollgate::decision::Receipt;
-use tollgate::error::StoreErrorKind;
 use tollgate::store::BoxFuture;
 use tollgate::{Decision, FailurePolicy, Key, Policy, Quota, RateLimitLayer, Store, StoreError};
 
@@ -75,46 +74,7 @@ fn hashed(key: &str) -> String {
         .to_owned()
 }
 
-/// A store that is always down, as the layer sees an unreachable Redis.
-#[derive(Debug)]
-struct Down;
-
-fn down<T>() -> BoxFuture<'static, Result<T, StoreError>> {
-    Box::pin(async {
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "connection refused",
-        ))
-    })
-}
-
-impl Store for Down {
-    fn check<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-        _: u64,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        down()
-    }
-
-    fn peek<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        down()
-    }
-
-    fn refund<'a>(
-        &'a self,
-        _: &'a Policy,
-        _: &'a Key,
-        _: &'a Receipt,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        down()
-    }
-}
+use support::down::{down, Down};
 
 fn app(layer: RateLimitLayer) -> Router {
     Router::new()

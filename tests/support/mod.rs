@@ -7,4 +7,5 @@
 pub mod conformance;
 pub mod counters_only;
 pub mod counting;
+pub mod down;
 pub mod redis;

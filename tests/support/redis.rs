@@ -1283,3 +1283,28 @@ pub fn commands_run_by_scripts() -> &'static std::collections::BTreeSet<String> 
         commands
     })
 }
+
+/// One runtime for every case of a property test, so the shared
+/// connection's tasks keep running between cases.
+pub static PROPTEST_RUNTIME: std::sync::LazyLock<tokio::runtime::Runtime> =
+    std::sync::LazyLock::new(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    });
+
+/// A connection manager to [`shared_url`], made once per test binary (on
+/// [`PROPTEST_RUNTIME`] in a property test).
+pub async fn shared_connection() -> redis::aio::ConnectionManager {
+    static CONNECTION: tokio::sync::OnceCell<redis::aio::ConnectionManager> =
+        tokio::sync::OnceCell::const_new();
+    let connect = || async {
+        redis::Client::open(shared_url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap()
+    };
+    CONNECTION.get_or_init(connect).await.clone()
+}
