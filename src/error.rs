@@ -573,6 +573,11 @@ impl StoreErrorKind {
 pub struct StoreError {
     kind: StoreErrorKind,
     source: Option<BoxError>,
+    /// Whether a failed write may have changed the store, when the kind
+    /// alone does not tell: `Some(false)` when the call was never sent (a
+    /// connection refused), `Some(true)` when an earlier step of the same
+    /// change landed.
+    written: Option<bool>,
 }
 
 impl StoreError {
@@ -589,6 +594,7 @@ impl StoreError {
         Self {
             kind,
             source: Some(source.into()),
+            written: None,
         }
     }
 
@@ -605,6 +611,7 @@ impl StoreError {
         Self {
             kind: StoreErrorKind::Timeout,
             source: None,
+            written: None,
         }
     }
 
@@ -642,6 +649,43 @@ impl StoreError {
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
     }
+
+    /// Whether a write that failed this way may still have changed the
+    /// store: it was sent and no answer came back (a timeout, a broken
+    /// connection, an answer that made no sense), or an earlier step of
+    /// the same change had landed. `false` only when nothing can have been
+    /// written: the store refused the first step, or it was never sent.
+    ///
+    /// ```
+    /// use tollgate::StoreError;
+    /// use tollgate::error::StoreErrorKind;
+    /// assert!(StoreError::timeout().may_have_written());
+    /// assert!(!StoreError::new(StoreErrorKind::Rejected, "READONLY").may_have_written());
+    /// ```
+    pub fn may_have_written(&self) -> bool {
+        self.written.unwrap_or(match self.kind {
+            StoreErrorKind::Timeout | StoreErrorKind::Unavailable | StoreErrorKind::Protocol => {
+                true
+            }
+            StoreErrorKind::Rejected | StoreErrorKind::Unsupported => false,
+        })
+    }
+
+    /// This error, from a later step of a change whose first step landed:
+    /// whatever its kind, the store may have been changed.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn after_a_write(mut self) -> Self {
+        self.written = Some(true);
+        self
+    }
+
+    /// This error, from a call that never reached the store (the
+    /// connection was refused): nothing was written.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn unsent(mut self) -> Self {
+        self.written = Some(false);
+        self
+    }
 }
 
 impl fmt::Display for StoreError {
@@ -664,7 +708,13 @@ impl StdError for StoreError {
 #[cfg(feature = "redis")]
 impl From<redis::RedisError> for StoreError {
     fn from(err: redis::RedisError) -> Self {
-        Self::new(StoreErrorKind::of(&err), err)
+        let refused = err.is_connection_refusal();
+        let this = Self::new(StoreErrorKind::of(&err), err);
+        if refused {
+            this.unsent()
+        } else {
+            this
+        }
     }
 }
 

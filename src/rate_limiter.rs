@@ -330,8 +330,11 @@ impl RateLimiter {
     /// Gives `key` quotas of its own (see [`Override`]), which beat the
     /// policy's, a tier's and a quota that came with the request, on every
     /// app server at its next decision. The policy must be
-    /// [overridable](Policy::overridable). On Redis two calls: a `SET` of
-    /// the caller's override key, then an `HSET` of the policy's list. This
+    /// [overridable](Policy::overridable). On Redis three calls, list
+    /// first: the policy's list marks the caller pending, the override key
+    /// is set, the list entry is confirmed; a write that stops part way
+    /// leaves the entry pending, and the list reads the override key for
+    /// it, so it never misses an override in force. This
     /// server's cache of rejections and fallback forget the key; another
     /// server's cache keeps a rejection of an overridable policy at most a
     /// second, so a raised limit lets the caller through there within a
@@ -393,8 +396,9 @@ impl RateLimiter {
     }
 
     /// Removes `key`'s override: the policy's quotas judge it again at its
-    /// next decision. `true` if one was in force. On Redis a `GET`, a
-    /// `DEL` and an `HDEL`.
+    /// next decision. `true` if one was in force. On Redis three calls, list
+    /// first as [`set_override`](Self::set_override)'s: the list's mark, a
+    /// `GET` and `DEL` of the override key, an `HDEL`.
     ///
     /// # Errors
     ///

@@ -5,6 +5,8 @@
 //! document held to the routes served.
 
 mod support;
+#[path = "admin/writes.rs"]
+mod writes;
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU32;

@@ -21,10 +21,12 @@ use crate::error::{StoreError, StoreErrorKind};
 /// {"error": {"field": "limit", "message": "must be at least 1, got 0"}}
 /// ```
 ///
-/// A write the store may have run (a timeout, a broken connection)
-/// answers `504` with `"applied": "unknown"`: repeat it, admin writes are
-/// idempotent. A write the store refused answers `503` with
-/// `"applied": false`.
+/// A write the store may have run (a timeout, a broken connection, a
+/// later step refused after an earlier one landed) answers `504` with
+/// `"applied": "unknown"`: repeat it, admin writes are idempotent. A write
+/// of which nothing can have been written (the store refused its first
+/// step; the connection was refused) answers `503` with `"applied": false`
+/// ([`StoreError::may_have_written`]).
 ///
 /// ```
 /// use tollgate::admin::ApiError;
@@ -98,11 +100,11 @@ impl ApiError {
     }
 
     /// A change the store did not confirm: `504` when the store may have
-    /// run it (a timeout, a broken connection, an answer it could not
-    /// read), saying so and that repeating it is safe; `503` when the store
-    /// refused it (nothing written).
+    /// run it or part of it ([`StoreError::may_have_written`]), saying so
+    /// and that repeating it is safe; `503` when nothing can have been
+    /// written.
     pub fn write_failed(err: &StoreError) -> Self {
-        if may_have_run(err.kind()) {
+        if err.may_have_written() {
             Self {
                 applied: Some(Applied::Unknown),
                 ..Self::new(
@@ -165,15 +167,6 @@ impl ApiError {
     }
 }
 
-/// Whether a call that failed this way may still have run in the store: it
-/// was sent, and the answer did not come back (or made no sense).
-fn may_have_run(kind: StoreErrorKind) -> bool {
-    match kind {
-        StoreErrorKind::Timeout | StoreErrorKind::Unavailable | StoreErrorKind::Protocol => true,
-        StoreErrorKind::Rejected | StoreErrorKind::Unsupported => false,
-    }
-}
-
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.field {
@@ -208,6 +201,18 @@ mod tests {
             assert_eq!(err.status().as_u16(), status, "{kind:?}");
             assert_eq!(err.body()["error"]["applied"], applied, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn a_refusal_after_an_earlier_step_landed_is_a_504_and_a_refused_connection_a_503() {
+        let refused_late = StoreError::new(StoreErrorKind::Rejected, "READONLY").after_a_write();
+        let err = ApiError::write_failed(&refused_late);
+        assert_eq!(err.status().as_u16(), 504);
+        assert_eq!(err.body()["error"]["applied"], json!("unknown"));
+        let never_sent = StoreError::new(StoreErrorKind::Unavailable, "refused").unsent();
+        let err = ApiError::write_failed(&never_sent);
+        assert_eq!(err.status().as_u16(), 503);
+        assert_eq!(err.body()["error"]["applied"], json!(false));
     }
 
     #[test]

@@ -56,7 +56,7 @@
 //! |---|---|---|
 //! | `GET /policies`, `GET /policies/{policy}` | the policies as built: strategy, quotas, overridable, penalty box | nothing |
 //! | `GET /policies/{policy}/overrides` | every override in force, by the caller's key as stored | 1 `EVALSHA` |
-//! | `GET`, `PUT`, `DELETE /policies/{policy}/overrides/caller?..` | the caller's override: read, set (`{"limit": N}` or `{"quotas": [..]}`, optionally `"until"`), clear | 1, 2, 3 `EVALSHA` |
+//! | `GET`, `PUT`, `DELETE /policies/{policy}/overrides/caller?..` | the caller's override: read, set (`{"limit": N}` or `{"quotas": [..]}`, optionally `"until"`), clear | 1, 3, 3 `EVALSHA` |
 //! | `PUT`, `DELETE /policies/{policy}/block?..` | block the caller (`{"seconds": N}`), unblock it (counters kept) | 1 `EVALSHA` |
 //! | `POST /policies/{policy}/reset?..` | forget the caller's counters and block | 1 `EVALSHA` |
 //! | `GET /policies/{policy}/peek?..` | the caller's state, charging nothing | 1 `EVALSHA_RO` |
@@ -77,8 +77,12 @@
 //! `404` for an unknown policy, `409` for a policy that takes no overrides
 //! or has no penalty box, `413` for a body over the limit (16 KiB). A
 //! write the store did not confirm answers `504` when it may have landed
-//! (a timeout, a broken connection: `"applied": "unknown"`; every write is
-//! idempotent, so repeat it) and `503` when the store refused it.
+//! (a timeout, a broken connection, a step refused after an earlier one
+//! landed: `"applied": "unknown"`; every write is idempotent, so repeat
+//! it) and `503` with `"applied": false` only when nothing can have been
+//! written (the store refused the first step, or the connection was
+//! refused). Whatever became of a write, the overrides listed are the ones
+//! requests meet.
 
 mod body;
 mod caller;
