@@ -114,18 +114,42 @@ pub(super) fn override_of(
         .next()
         .ok_or_else(|| ApiError::invalid("quotas", "is empty"))?;
     let mut o = quotas.fold(Override::new(first), Override::and);
-    if let Some(until) = fields.get("until") {
-        let secs = whole("until", until, 1, MAX_UNTIL_SECS)?;
-        let at = UNIX_EPOCH + Duration::from_secs(secs);
-        if at <= now {
-            return Err(ApiError::invalid(
-                "until",
-                format!("{secs} is in the past: give a time to come, in Unix seconds"),
-            ));
-        }
+    if let Some(at) = until_of(fields.get("until"), now)? {
         o = o.until(at);
     }
     Ok((o, field))
+}
+
+/// `"until"`: Unix seconds to come (fractional as GET shows an end set to
+/// the microsecond), or absent or `null` (as GET shows it) for no end.
+fn until_of(until: Option<&Value>, now: SystemTime) -> Result<Option<SystemTime>, ApiError> {
+    let until = match until {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_none() && n.as_f64().is_some_and(|f| f > 0.0) => {
+            // Whole microseconds, as an override keeps its end: what GET
+            // showed reads back to the same end.
+            let micros = (n.as_f64().unwrap_or(0.0) * 1e6).round();
+            if micros > (MAX_UNTIL_SECS * 1_000_000) as f64 {
+                return Err(ApiError::invalid(
+                    "until",
+                    format!("must be at most {MAX_UNTIL_SECS}, got {n}"),
+                ));
+            }
+            UNIX_EPOCH + Duration::from_micros(micros as u64)
+        }
+        Some(until) => UNIX_EPOCH + Duration::from_secs(whole("until", until, 1, MAX_UNTIL_SECS)?),
+    };
+    if until <= now {
+        let secs = until
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        return Err(ApiError::invalid(
+            "until",
+            format!("{secs} is in the past: give a time to come, in Unix seconds"),
+        ));
+    }
+    Ok(Some(until))
 }
 
 /// `{"limit": N}`: the policy's one quota with another limit.
@@ -319,6 +343,30 @@ mod tests {
         let body = format!(r#"{{"limit": 5, "until": {later}}}"#);
         let (o, _) = override_of(body.as_bytes(), &one_quota(), SystemTime::now()).unwrap();
         assert_eq!(o.until_micros(), Some(later * 1_000_000));
+    }
+
+    /// Issue 45: GET shows `"until": null` for an override with no end,
+    /// and a PUT of it answered 400 "must be a whole number, got null".
+    #[test]
+    fn until_is_null_or_fractional_as_get_shows_it() {
+        let (o, _) = override_of(
+            br#"{"limit": 5, "until": null}"#,
+            &one_quota(),
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(o.until_micros(), None);
+        let later = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 60;
+        let body = format!(r#"{{"limit": 5, "until": {later}.123456}}"#);
+        let (o, _) = override_of(body.as_bytes(), &one_quota(), SystemTime::now()).unwrap();
+        assert_eq!(o.until_micros(), Some(later * 1_000_000 + 123_456));
+        assert_eq!(refused(r#"{"limit": 5, "until": 1.5}"#).0, "until");
+        assert_eq!(refused(r#"{"limit": 5, "until": -1.5}"#).0, "until");
+        assert_eq!(refused(r#"{"limit": 5, "until": 1e300}"#).0, "until");
     }
 
     #[test]
