@@ -188,6 +188,28 @@ impl RateLimiter {
         self.core.peek_key(key).await
     }
 
+    /// [`peek`](Self::peek), with the wait and reset a request of one unit
+    /// would be told when the caller's quota is used up (a peek, charging
+    /// nothing, passes and shows none): one dry run more, then.
+    pub(crate) async fn peek_as_request(&self, key: &Key) -> Result<Decision, StoreError> {
+        let mut seen = self.peek(key).await?;
+        if seen.fallback || seen.remaining > 0 || seen.blocked || seen.retry_after.is_some() {
+            return Ok(seen);
+        }
+        let core = &*self.core;
+        let judged = core.judged_policy();
+        let policy = judged.as_ref().unwrap_or(&core.config.policy);
+        let one = core.config.store.peek_cost(policy, key, 1);
+        if let Ok(one) = core.within_deadline(one).await.0
+            && !one.allowed
+        {
+            seen.retry_after = one.retry_after;
+            seen.reset_at_micros = one.reset_at_micros;
+            seen.blocked = one.blocked;
+        }
+        Ok(seen)
+    }
+
     /// Gives back what `decision` charged to `key`, if its window (or slot,
     /// or place) is still the one charged: to the store that decided it,
     /// the local fallback included. A rejection charged nothing and gives

@@ -59,7 +59,7 @@
 //! | `GET`, `PUT`, `DELETE /policies/{policy}/overrides/caller?..` | the caller's override: read, set (`{"limit": N}` or `{"quotas": [..]}`, optionally `"until"`), clear | 1, 3, 3 `EVALSHA` |
 //! | `PUT`, `DELETE /policies/{policy}/block?..` | block the caller (`{"seconds": N}`), unblock it (counters kept) | 1 `EVALSHA` |
 //! | `POST /policies/{policy}/reset?..` | forget the caller's counters and block | 1 `EVALSHA` |
-//! | `GET /policies/{policy}/peek?..` | the caller's state, charging nothing | 1 `EVALSHA_RO` |
+//! | `GET /policies/{policy}/peek?..` | the caller's state, charging nothing; used up or blocked, the `Retry-After` and reset a request would be told | 1 `EVALSHA_RO`, 2 when used up |
 //! | `GET /openapi.json` | the OpenAPI 3.1 description of these routes | nothing |
 //!
 //! A caller is named as the policy's key extractor sees it, never by its

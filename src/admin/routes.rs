@@ -263,7 +263,7 @@ async fn reset(Target { limiter, key }: Target) -> Answer {
 
 async fn peek(Target { limiter, key }: Target) -> Answer {
     let state = limiter
-        .peek(&key)
+        .peek_as_request(&key)
         .await
         .map_err(|err| ApiError::read_failed(&err))?;
     Ok(Json(view::state(limiter.policy(), &key, &state)))
