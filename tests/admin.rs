@@ -4,6 +4,8 @@
 //! (504, and the write lands after) or refuses (503), and the OpenAPI
 //! document held to the routes served.
 
+#[path = "admin/callers.rs"]
+mod callers;
 #[path = "admin/peek.rs"]
 mod peek;
 #[path = "admin/round_trip.rs"]

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::body;
 use super::error::ApiError;
-use super::extract::{Body, Named, Target};
+use super::extract::{Body, Filtered, Named, NoQuery, Target};
 use super::openapi;
 use super::view;
 use super::Api;
@@ -82,7 +82,7 @@ pub(super) async fn wrong_method() -> ApiError {
 
 type Answer = Result<Json<Value>, ApiError>;
 
-async fn list_policies(axum::extract::State(api): axum::extract::State<Api>) -> Answer {
+async fn list_policies(_: NoQuery, axum::extract::State(api): axum::extract::State<Api>) -> Answer {
     let mut policies = Vec::with_capacity(api.policies.len());
     for limiter in api.policies.values() {
         policies.push(view::policy(limiter, &runtime_of(limiter).await?));
@@ -90,7 +90,7 @@ async fn list_policies(axum::extract::State(api): axum::extract::State<Api>) -> 
     Ok(Json(json!({ "policies": policies })))
 }
 
-async fn get_policy(Named(limiter): Named) -> Answer {
+async fn get_policy(Named(limiter): Named, _: NoQuery) -> Answer {
     let runtime = runtime_of(&limiter).await?;
     Ok(Json(view::policy(&limiter, &runtime)))
 }
@@ -108,19 +108,19 @@ async fn runtime_of(limiter: &RateLimiter) -> Result<Option<PolicyLimits>, ApiEr
     Ok(Some(limits))
 }
 
-async fn set_policy_limit(Named(limiter): Named, Body(bytes): Body) -> Answer {
+async fn set_policy_limit(Named(limiter): Named, _: NoQuery, Body(bytes): Body) -> Answer {
     set_policy_wide(limiter, bytes, PolicyLimit::Limit).await
 }
 
-async fn set_policy_cap(Named(limiter): Named, Body(bytes): Body) -> Answer {
+async fn set_policy_cap(Named(limiter): Named, _: NoQuery, Body(bytes): Body) -> Answer {
     set_policy_wide(limiter, bytes, PolicyLimit::Cap).await
 }
 
-async fn clear_policy_limit(Named(limiter): Named) -> Answer {
+async fn clear_policy_limit(Named(limiter): Named, _: NoQuery) -> Answer {
     clear_policy_wide(limiter, PolicyLimit::Limit).await
 }
 
-async fn clear_policy_cap(Named(limiter): Named) -> Answer {
+async fn clear_policy_cap(Named(limiter): Named, _: NoQuery) -> Answer {
     clear_policy_wide(limiter, PolicyLimit::Cap).await
 }
 
@@ -171,13 +171,17 @@ fn adjustable(limiter: &RateLimiter) -> Result<(), ApiError> {
     ))
 }
 
-async fn list_overrides(Named(limiter): Named) -> Answer {
+async fn list_overrides(Filtered { limiter, key }: Filtered) -> Answer {
     overridable(&limiter)?;
     let all = limiter
         .list_overrides()
         .await
         .map_err(|err| ApiError::read_failed(&err))?;
-    let listed: Vec<Value> = all.iter().map(|(key, o)| view::listed(key, o)).collect();
+    let listed: Vec<Value> = all
+        .iter()
+        .filter(|(k, _)| key.as_ref().is_none_or(|key| key == k))
+        .map(|(key, o)| view::listed(key, o))
+        .collect();
     Ok(Json(
         json!({ "policy": limiter.policy().name(), "overrides": listed }),
     ))
