@@ -188,6 +188,13 @@ impl RateLimiter {
         self.core.peek_key(key).await
     }
 
+    /// The cap this server's decisions apply now (its copy of the
+    /// runtime limits), if one is in force: a limit per quota.
+    pub(crate) fn cap_now(&self) -> Option<Vec<u32>> {
+        let judged = self.core.judged_policy()?;
+        judged.cap().map(<[u32]>::to_vec)
+    }
+
     /// [`peek`](Self::peek), with the wait and reset a request of one unit
     /// would be told when the caller's quota is used up (a peek, charging
     /// nothing, passes and shows none): one dry run more, then.

@@ -6,6 +6,8 @@
 
 #[path = "admin/callers.rs"]
 mod callers;
+#[path = "admin/in_force.rs"]
+mod in_force;
 #[path = "admin/peek.rs"]
 mod peek;
 #[path = "admin/round_trip.rs"]

@@ -173,6 +173,7 @@ fn adjustable(limiter: &RateLimiter) -> Result<(), ApiError> {
 
 async fn list_overrides(Filtered { limiter, key }: Filtered) -> Answer {
     overridable(&limiter)?;
+    let cap = limiter.cap_now();
     let all = limiter
         .list_overrides()
         .await
@@ -180,7 +181,7 @@ async fn list_overrides(Filtered { limiter, key }: Filtered) -> Answer {
     let listed: Vec<Value> = all
         .iter()
         .filter(|(k, _)| key.as_ref().is_none_or(|key| key == k))
-        .map(|(key, o)| view::listed(key, o))
+        .map(|(key, o)| view::listed(key, o, cap.as_deref()))
         .collect();
     Ok(Json(
         json!({ "policy": limiter.policy().name(), "overrides": listed }),
@@ -193,10 +194,13 @@ async fn get_override(Target { limiter, key }: Target) -> Answer {
         .get_override(&key)
         .await
         .map_err(|err| ApiError::read_failed(&err))?;
+    let (in_force, reason) = view::in_force(found.as_ref(), limiter.cap_now().as_deref());
     Ok(Json(json!({
         "policy": limiter.policy().name(),
         "key": key.as_str(),
         "override": found.as_ref().map(view::override_of),
+        "in_force": in_force,
+        "reason": reason,
     })))
 }
 
@@ -204,11 +208,16 @@ async fn set_override(Target { limiter, key }: Target, Body(bytes): Body) -> Ans
     overridable(&limiter)?;
     let (quotas, field) = body::override_of(&bytes, limiter.policy(), SystemTime::now())?;
     match limiter.set_override(&key, quotas.clone()).await {
-        Ok(()) => Ok(Json(json!({
-            "policy": limiter.policy().name(),
-            "key": key.as_str(),
-            "override": view::override_of(&quotas),
-        }))),
+        Ok(()) => {
+            let (in_force, reason) = view::in_force(Some(&quotas), limiter.cap_now().as_deref());
+            Ok(Json(json!({
+                "policy": limiter.policy().name(),
+                "key": key.as_str(),
+                "override": view::override_of(&quotas),
+                "in_force": in_force,
+                "reason": reason,
+            })))
+        }
         Err(err) => Err(admin_failed(&err, field)),
     }
 }

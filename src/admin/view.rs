@@ -66,11 +66,38 @@ pub(super) fn override_of(o: &Override) -> Value {
     })
 }
 
-/// An override in a policy's list: the caller's key as stored, with it.
-pub(super) fn listed(key: &Key, o: &Override) -> Value {
+/// An override in a policy's list: the caller's key as stored, with it,
+/// and whether it judges the caller's requests now ([`in_force`]).
+pub(super) fn listed(key: &Key, o: &Override, cap: Option<&[u32]>) -> Value {
     let mut shown = override_of(o);
     shown["key"] = json!(key.as_str());
+    let (in_force, reason) = in_force(Some(o), cap);
+    shown["in_force"] = json!(in_force);
+    shown["reason"] = json!(reason);
     shown
+}
+
+/// Whether `o` judges its caller's requests now, and if not, why: an
+/// override above an operator's cap is set aside while the cap lasts
+/// (`cap`: the cap this server applies, a limit per quota).
+pub(super) fn in_force(o: Option<&Override>, cap: Option<&[u32]>) -> (bool, Option<String>) {
+    let Some(o) = o else {
+        return (false, Some("no override is set for this caller".to_owned()));
+    };
+    match cap {
+        Some(cap) if o.exceeds(cap) => {
+            let cap: Vec<String> = cap.iter().map(u32::to_string).collect();
+            (
+                false,
+                Some(format!(
+                    "above the policy's cap ({}): set aside while the cap lasts; \
+                     the cap judges the caller's requests",
+                    cap.join(", ")
+                )),
+            )
+        }
+        _ => (true, None),
+    }
 }
 
 /// A caller's state under a policy, as a peek found it.
