@@ -82,11 +82,43 @@ pub(super) async fn wrong_method() -> ApiError {
 
 type Answer = Result<Json<Value>, ApiError>;
 
+/// Every policy. The adjustable ones' runtime limits are read at once,
+/// each within the store's deadline, so the list costs one deadline at
+/// most; a policy whose read failed is shown as built, with
+/// `"runtime": null` and `"runtime_error"` saying why, and the others are
+/// not held back by it.
 async fn list_policies(_: NoQuery, axum::extract::State(api): axum::extract::State<Api>) -> Answer {
-    let mut policies = Vec::with_capacity(api.policies.len());
-    for limiter in api.policies.values() {
-        policies.push(view::policy(limiter, &runtime_of(limiter).await?));
+    let mut reads = tokio::task::JoinSet::new();
+    for (at, limiter) in api.policies.values().enumerate() {
+        let limiter = limiter.clone();
+        reads.spawn(async move { (at, runtime_of(&limiter).await) });
     }
+    let mut runtimes: Vec<Option<Result<Option<PolicyLimits>, ApiError>>> =
+        (0..api.policies.len()).map(|_| None).collect();
+    while let Some(read) = reads.join_next().await {
+        let (at, runtime) = read.map_err(|err| {
+            ApiError::read_failed(&crate::error::StoreError::new(
+                crate::error::StoreErrorKind::Unavailable,
+                err,
+            ))
+        })?;
+        runtimes[at] = Some(runtime);
+    }
+    let policies: Vec<Value> = api
+        .policies
+        .values()
+        .zip(runtimes)
+        .map(|(limiter, runtime)| match runtime {
+            Some(Ok(runtime)) => view::policy(limiter, &runtime),
+            Some(Err(err)) => {
+                let mut shown = view::policy(limiter, &None);
+                shown["runtime_error"] =
+                    json!({ "status": err.status().as_u16(), "message": err.message() });
+                shown
+            }
+            None => view::policy(limiter, &None),
+        })
+        .collect();
     Ok(Json(json!({ "policies": policies })))
 }
 

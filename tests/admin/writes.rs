@@ -241,3 +241,29 @@ async fn a_replica_refuses_with_503_only_when_nothing_was_written_and_takes_writ
         .unwrap();
     assert_eq!(assert_agree(&app, "the override refused").await, None);
 }
+
+/// Issue 45, point 7: `GET /policies` read each adjustable policy's
+/// runtime limits one after another, and one timeout failed the whole
+/// list with a 504. Now the reads go at once, and a policy whose read
+/// failed is shown as built, with `runtime_error`, beside the others.
+#[tokio::test]
+async fn a_read_redis_holds_fails_its_policy_in_the_list_not_the_list() {
+    let redis = RedisServer::start();
+    let app = app(Arc::new(RedisStore::connect(&redis.url()).await.unwrap()));
+    let (status, _) = call(&app.router, &Method::GET, "/admin/policies", None).await;
+    assert_eq!(status, StatusCode::OK, "loads the scripts");
+
+    redis.pause_clients(std::time::Duration::from_millis(400));
+    let (status, list) = call(&app.router, &Method::GET, "/admin/policies", None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let policies = list["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 4, "{list}");
+    for policy in policies {
+        if policy["name"] == "api" {
+            assert_eq!(policy["runtime_error"]["status"], json!(504), "{policy}");
+            assert_eq!(policy["runtime"], Value::Null);
+        } else {
+            assert!(policy.get("runtime_error").is_none(), "{policy}");
+        }
+    }
+}
