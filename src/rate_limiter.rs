@@ -590,6 +590,9 @@ fn check_override(policy: &Policy, quotas: &Override) -> Result<(), ConfigError>
             "the policy takes no overrides; build it with Policy::overridable".into(),
         ));
     }
+    if let Some(why) = quotas.note_problem() {
+        return Err(invalid(why));
+    }
     quotas_fit(policy, quotas, "the override").map_err(invalid)
 }
 

@@ -8,6 +8,8 @@
 mod callers;
 #[path = "admin/in_force.rs"]
 mod in_force;
+#[path = "admin/note.rs"]
+mod note;
 #[path = "admin/peek.rs"]
 mod peek;
 #[path = "admin/round_trip.rs"]

@@ -92,7 +92,7 @@ pub(super) fn override_of(
     now: SystemTime,
 ) -> Result<(Override, &'static str), ApiError> {
     let fields = object(body)?;
-    only(&fields, &["limit", "quotas", "until"])?;
+    only(&fields, &["limit", "quotas", "until", "note"])?;
     let (quotas, field) = match (fields.get("limit"), fields.get("quotas")) {
         (Some(limit), None) => (vec![limit_of(limit, policy)?], "limit"),
         (None, Some(quotas)) => (quotas_of(quotas, policy)?, "quotas"),
@@ -117,7 +117,33 @@ pub(super) fn override_of(
     if let Some(at) = until_of(fields.get("until"), now)? {
         o = o.until(at);
     }
+    if let Some(note) = note_of(fields.get("note"))? {
+        o = o.with_note(note);
+    }
     Ok((o, field))
+}
+
+/// `"note"`: free text kept with the override, at most
+/// [`Override::MAX_NOTE_CHARS`] characters and no control character; absent
+/// or `null` (as GET shows none) for none.
+fn note_of(note: Option<&Value>) -> Result<Option<&str>, ApiError> {
+    let note = match note {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(note)) => note,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "note",
+                format!("must be a string or null, got {other}"),
+            ))
+        }
+    };
+    if let Some(why) = Override::new(Quota::per_second(std::num::NonZeroU32::MIN))
+        .with_note(note)
+        .note_problem()
+    {
+        return Err(ApiError::invalid("note", why));
+    }
+    Ok(Some(note))
 }
 
 /// `"until"`: Unix seconds to come (fractional as GET shows an end set to
@@ -367,6 +393,29 @@ mod tests {
         assert_eq!(refused(r#"{"limit": 5, "until": 1.5}"#).0, "until");
         assert_eq!(refused(r#"{"limit": 5, "until": -1.5}"#).0, "until");
         assert_eq!(refused(r#"{"limit": 5, "until": 1e300}"#).0, "until");
+    }
+
+    /// Issue 45: a note kept with an override, bounded.
+    #[test]
+    fn a_note_is_bounded_text_or_null() {
+        let (o, _) = override_of(
+            br#"{"limit": 5, "note": "acme launch, OPS-42"}"#,
+            &one_quota(),
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(o.note(), Some("acme launch, OPS-42"));
+        let (o, _) = override_of(
+            br#"{"limit": 5, "note": null}"#,
+            &one_quota(),
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(o.note(), None);
+        let long = format!(r#"{{"limit": 5, "note": "{}"}}"#, "é".repeat(257));
+        assert_eq!(refused(&long).0, "note");
+        assert_eq!(refused(r#"{"limit": 5, "note": "a\nb"}"#).0, "note");
+        assert_eq!(refused(r#"{"limit": 5, "note": 7}"#).0, "note");
     }
 
     #[test]

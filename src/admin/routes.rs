@@ -161,6 +161,12 @@ async fn clear_policy_cap(Named(limiter): Named, _: NoQuery) -> Answer {
 async fn set_policy_wide(limiter: RateLimiter, bytes: bytes::Bytes, which: PolicyLimit) -> Answer {
     adjustable(&limiter)?;
     let (value, field) = body::override_of(&bytes, limiter.policy(), SystemTime::now())?;
+    if value.note().is_some() {
+        return Err(ApiError::invalid(
+            "note",
+            "a note is kept with a caller's override only; give null or leave it out",
+        ));
+    }
     let set = match which {
         PolicyLimit::Limit => limiter.set_policy_limit(value.clone()).await,
         PolicyLimit::Cap => limiter.set_policy_cap(value.clone()).await,

@@ -58,12 +58,18 @@ pub(super) fn quotas(quotas: &[Quota]) -> Value {
         .collect()
 }
 
-/// A caller's override: its quotas and its end (Unix seconds, or `null`).
+/// A caller's override: its quotas, its end (Unix seconds, or `null`) and
+/// its note, when it has one.
 pub(super) fn override_of(o: &Override) -> Value {
-    json!({
+    let mut shown = json!({
         "quotas": quotas(o.quotas()),
         "until": o.until_micros().map(|us| secs(Duration::from_micros(us))),
-    })
+    });
+    // Only when there is one: an override without a note looks as before.
+    if let Some(note) = o.note() {
+        shown["note"] = json!(note);
+    }
+    shown
 }
 
 /// An override in a policy's list: the caller's key as stored, with it,

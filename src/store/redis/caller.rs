@@ -79,7 +79,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let judged = policy.with_quotas(o.shared_quotas().clone());
         let (_, quota_args) = judged.strategy().algorithm().quota_args(&judged);
-        let text = o.to_text();
+        let text = o.to_stored();
         let mut value = o.until_micros().unwrap_or(0).to_string();
         for a in &quota_args {
             value.push(' ');
@@ -149,7 +149,7 @@ impl RedisStore {
         let Some(text) = text else { return Ok(None) };
         let o = text
             .split_once('|')
-            .and_then(|(_, o)| Override::from_text(o))
+            .and_then(|(_, o)| Override::from_stored(o))
             .ok_or_else(|| StoreError::protocol(format!("malformed override {text:?}")))?;
         let now = self.now_micros_estimate();
         Ok(o.in_force(now).then_some(o))
@@ -195,7 +195,7 @@ impl RedisStore {
             let found = if text == PENDING {
                 self.get_caller_override(policy, &key).await?
             } else {
-                Override::from_text(&text).filter(|o| o.in_force(now))
+                Override::from_stored(&text).filter(|o| o.in_force(now))
             };
             if let Some(o) = found {
                 listed.push((key, o));
