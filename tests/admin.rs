@@ -12,6 +12,8 @@ mod in_force;
 mod note;
 #[path = "admin/peek.rs"]
 mod peek;
+#[path = "admin/restore.rs"]
+mod restore;
 #[path = "admin/round_trip.rs"]
 mod round_trip;
 mod support;
