@@ -17,6 +17,9 @@ use crate::policy::Policy;
 use crate::policy_limits::{PolicyLimit, PolicyLimits};
 use crate::store::Store;
 
+mod checks;
+use checks::{check_override, check_policy_limit};
+
 /// A cheap, cloneable handle on one policy's limits: `check`, `peek`,
 /// `refund`, `settle` and `reset` a key yourself, with the same store, deadline,
 /// failure policy and [`Decision`] as the layer it comes from.
@@ -190,6 +193,7 @@ impl RateLimiter {
 
     /// The cap this server's decisions apply now (its copy of the
     /// runtime limits), if one is in force: a limit per quota.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) fn cap_now(&self) -> Option<Vec<u32>> {
         let judged = self.core.judged_policy()?;
         judged.cap().map(<[u32]>::to_vec)
@@ -198,6 +202,7 @@ impl RateLimiter {
     /// [`peek`](Self::peek), with the wait and reset a request of one unit
     /// would be told when the caller's quota is used up (a peek, charging
     /// nothing, passes and shows none): one dry run more, then.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) async fn peek_as_request(&self, key: &Key) -> Result<Decision, StoreError> {
         let mut seen = self.peek(key).await?;
         if seen.fallback || seen.remaining > 0 || seen.blocked || seen.retry_after.is_some() {
@@ -579,44 +584,6 @@ impl RateLimiter {
     }
 }
 
-/// Whether `quotas` can override `policy`'s.
-fn check_override(policy: &Policy, quotas: &Override) -> Result<(), ConfigError> {
-    let invalid = |why: String| ConfigError::Override {
-        policy: policy.name().to_owned(),
-        why,
-    };
-    if !policy.is_overridable() {
-        return Err(invalid(
-            "the policy takes no overrides; build it with Policy::overridable".into(),
-        ));
-    }
-    if let Some(why) = quotas.note_problem() {
-        return Err(invalid(why));
-    }
-    quotas_fit(policy, quotas, "the override").map_err(invalid)
-}
-
-/// Why `quotas` (`what`: an override, a runtime limit) cannot judge
-/// `policy`'s callers: not one quota per quota of the policy's, or not
-/// valid for its strategy.
-fn quotas_fit(policy: &Policy, quotas: &Override, what: &str) -> Result<(), String> {
-    if quotas.quotas().len() != policy.quotas().len() {
-        return Err(format!(
-            "the policy has {} quota(s), {what} {}",
-            policy.quotas().len(),
-            quotas.quotas().len()
-        ));
-    }
-    policy
-        .with_quotas(quotas.shared_quotas().clone())
-        .validate()
-        .map_err(|e| {
-            e.to_string()
-                .trim_start_matches("invalid rate limit configuration: ")
-                .to_owned()
-        })
-}
-
 /// The operator's side for every caller: a policy's limits changed at
 /// runtime ([`PolicyLimits`]).
 impl RateLimiter {
@@ -777,36 +744,6 @@ impl RateLimiter {
             )),
         }
     }
-}
-
-/// Whether `value` fits `policy` as its runtime `which`: one quota per
-/// quota of the policy's, valid for its strategy; a cap's windows the
-/// policy's.
-fn check_policy_limit(
-    policy: &Policy,
-    which: PolicyLimit,
-    value: &Override,
-) -> Result<(), ConfigError> {
-    let invalid = |why: String| ConfigError::PolicyLimit {
-        policy: policy.name().to_owned(),
-        which: which.as_str(),
-        why,
-    };
-    if !policy.is_adjustable() {
-        return Err(invalid(
-            "the policy's limits are fixed; build it with Policy::adjustable".into(),
-        ));
-    }
-    quotas_fit(policy, value, &format!("the {}", which.as_str())).map_err(invalid)?;
-    if which == PolicyLimit::Cap {
-        let windows = |qs: &[crate::Quota]| qs.iter().map(|q| q.window()).collect::<Vec<_>>();
-        if windows(value.quotas()) != windows(policy.quotas()) {
-            return Err(invalid(
-                "give the policy's windows, one limit for each".into(),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The layer's side of [`RateLimiter`]: here rather than in `layer/`, so

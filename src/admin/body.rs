@@ -257,14 +257,7 @@ fn quotas_of(quotas: &Value, policy: &Policy) -> Result<Vec<Quota>, ApiError> {
 fn quota_of(field: &str, limit: u64, window: Duration) -> Result<Quota, ApiError> {
     let limit =
         u32::try_from(limit).map_err(|_| ApiError::invalid(field, "is above 4294967295"))?;
-    Quota::new(limit, window).map_err(|err| ApiError::invalid(field, reason(&err.to_string())))
-}
-
-/// A configuration error's message without its common prefix.
-pub(super) fn reason(message: &str) -> String {
-    message
-        .trim_start_matches("invalid rate limit configuration: ")
-        .to_owned()
+    Quota::new(limit, window).map_err(|err| ApiError::invalid(field, err.reason().to_string()))
 }
 
 /// The block a `PUT .../block` body asks for: `{"seconds": N}`, 1 s to 366 days.

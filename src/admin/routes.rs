@@ -352,9 +352,7 @@ fn has_penalty_box(limiter: &RateLimiter) -> Result<(), ApiError> {
 /// policy (`400`), or the store failed.
 fn admin_failed(err: &AdminError, field: &str) -> ApiError {
     match err {
-        AdminError::Invalid(invalid) => {
-            ApiError::invalid(field, body::reason(&invalid.to_string()))
-        }
+        AdminError::Invalid(invalid) => ApiError::invalid(field, invalid.reason().to_string()),
         AdminError::Store(store) => ApiError::write_failed(store),
     }
 }
