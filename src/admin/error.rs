@@ -8,7 +8,8 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http::StatusCode;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::error::{StoreError, StoreErrorKind};
 
@@ -155,16 +156,42 @@ impl ApiError {
         &self.message
     }
 
-    /// The JSON body.
+    /// The JSON body, `{"error": {"field", "message", "applied"?}}`.
     fn body(&self) -> Value {
-        let mut error = json!({ "field": self.field, "message": self.message });
-        match self.applied {
-            Some(Applied::No) => error["applied"] = json!(false),
-            Some(Applied::Unknown) => error["applied"] = json!("unknown"),
-            None => {}
-        }
-        json!({ "error": error })
+        let shown = ErrorBody {
+            error: ErrorFields {
+                field: self.field.as_deref(),
+                message: &self.message,
+                applied: self.applied.map(|applied| match applied {
+                    Applied::No => AppliedShown::Flag(false),
+                    Applied::Unknown => AppliedShown::Word("unknown"),
+                }),
+            },
+        };
+        serde_json::to_value(shown).expect("an error body serializes")
     }
+}
+
+/// The JSON shape of every error: one type, as `openapi.json`'s `Error`.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorFields<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorFields<'a> {
+    field: Option<&'a str>,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    applied: Option<AppliedShown>,
+}
+
+/// `"applied"`: `false` (nothing written) or `"unknown"`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum AppliedShown {
+    Flag(bool),
+    Word(&'static str),
 }
 
 impl fmt::Display for ApiError {
@@ -187,6 +214,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_store_failure_of_a_write_says_whether_it_may_have_landed() {
