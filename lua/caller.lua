@@ -48,11 +48,12 @@ local function passes_at(b, r, now)
 end
 
 -- Whether the override `v` has a limit above the cap's (`cap`, a limit
--- per quota): the quotas after `|` read `until limit window ...`.
+-- per quota): the quotas after `|` read `until limit window ...`, up to a
+-- line break (after it, the operator's note, which no script reads).
 local function above(v, cap)
   if not cap then return false end
   local i, q = 0, 0
-  for x in string.gmatch(string.match(v, '|(.*)$') or '', '%S+') do
+  for x in string.gmatch(string.match(v, '|([^\n]*)') or '', '%S+') do
     i = i + 1
     if i % 2 == 0 then
       q = q + 1

@@ -31,6 +31,7 @@ use crate::quota::Quota;
 pub struct Override {
     quotas: Arc<[Quota]>,
     until_micros: Option<u64>,
+    note: Option<Arc<str>>,
 }
 
 impl Override {
@@ -46,6 +47,7 @@ impl Override {
         Self {
             quotas: Arc::from([quota]),
             until_micros: None,
+            note: None,
         }
     }
 
@@ -95,6 +97,49 @@ impl Override {
             until_micros: Some(at.max(1)),
             ..self
         }
+    }
+
+    /// The most characters a note keeps.
+    pub const MAX_NOTE_CHARS: usize = 256;
+
+    /// Keeps `note` with the override: who set it, why, a ticket. It is
+    /// shown wherever the override is (the admin API's lists and `GET`)
+    /// and changes nothing else: not the caller's key, its hash slot or
+    /// its quotas. At most [`MAX_NOTE_CHARS`](Self::MAX_NOTE_CHARS)
+    /// characters, none of them control characters; setting a longer one
+    /// is refused.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{Override, Quota};
+    /// let o = Override::new(Quota::per_hour(NonZeroU32::new(5_000).unwrap())).with_note("launch week, OPS-42");
+    /// assert_eq!(o.note(), Some("launch week, OPS-42"));
+    /// ```
+    pub fn with_note(self, note: impl AsRef<str>) -> Self {
+        Self {
+            note: Some(Arc::from(note.as_ref())),
+            ..self
+        }
+    }
+
+    /// The note kept with the override, if any.
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
+    }
+
+    /// Why the note cannot be kept, if it cannot.
+    pub(crate) fn note_problem(&self) -> Option<String> {
+        let note = self.note.as_deref()?;
+        let chars = note.chars().count();
+        if chars > Self::MAX_NOTE_CHARS {
+            return Some(format!(
+                "the note has {chars} characters, at most {} are kept",
+                Self::MAX_NOTE_CHARS
+            ));
+        }
+        note.chars()
+            .any(char::is_control)
+            .then(|| "the note has a control character (a line break, a tab, ...)".to_owned())
     }
 
     /// The quotas, in the policy's order.
@@ -154,7 +199,29 @@ impl Override {
         Some(Self {
             quotas: quotas.into(),
             until_micros: (until > 0).then_some(until),
+            note: None,
         })
+    }
+
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// [`to_text`](Self::to_text), then the note after a line break: what
+    /// a caller's override is stored as (the scripts read up to the break).
+    pub(crate) fn to_stored(&self) -> String {
+        let mut text = self.to_text();
+        if let Some(note) = &self.note {
+            text.push('\n');
+            text.push_str(note);
+        }
+        text
+    }
+
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// Reads [`to_stored`](Self::to_stored) back.
+    pub(crate) fn from_stored(text: &str) -> Option<Self> {
+        match text.split_once('\n') {
+            Some((numbers, note)) => Some(Self::from_text(numbers)?.with_note(note)),
+            None => Self::from_text(text),
+        }
     }
 }
 

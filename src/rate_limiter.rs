@@ -17,6 +17,9 @@ use crate::policy::Policy;
 use crate::policy_limits::{PolicyLimit, PolicyLimits};
 use crate::store::Store;
 
+mod checks;
+use checks::{check_override, check_policy_limit};
+
 /// A cheap, cloneable handle on one policy's limits: `check`, `peek`,
 /// `refund`, `settle` and `reset` a key yourself, with the same store, deadline,
 /// failure policy and [`Decision`] as the layer it comes from.
@@ -189,6 +192,39 @@ impl RateLimiter {
         self.core.peek_key(key).await
     }
 
+    /// The cap this server's decisions apply now (its copy of the
+    /// runtime limits), if one is in force: a limit per quota.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn cap_now(&self) -> Option<Vec<u32>> {
+        let in_force = self.core.policy_in_force(None)?;
+        in_force.cap().map(<[u32]>::to_vec)
+    }
+
+    /// [`peek`](Self::peek), with the wait and reset a request of one unit
+    /// would be told when the caller's quota is used up (a peek, charging
+    /// nothing, passes and shows none): one dry run more, then.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) async fn peek_as_request(&self, key: &Key) -> Result<Decision, StoreError> {
+        let mut seen = self.peek(key).await?;
+        if seen.fallback || seen.remaining > 0 || seen.blocked || seen.retry_after.is_some() {
+            return Ok(seen);
+        }
+        let core = &*self.core;
+        let in_force = core.policy_in_force(None);
+        let one = core
+            .config
+            .store
+            .peek_cost(core.in_force(in_force.as_ref()), key, 1);
+        if let Ok(one) = core.within_deadline(one).await.0
+            && !one.allowed
+        {
+            seen.retry_after = one.retry_after;
+            seen.reset_at_micros = one.reset_at_micros;
+            seen.blocked = one.blocked;
+        }
+        Ok(seen)
+    }
+
     /// Gives back what `decision` charged to `key`, if its window (or slot,
     /// or place) is still the one charged: to the store that decided it,
     /// the local fallback included. A rejection charged nothing and gives
@@ -332,8 +368,11 @@ impl RateLimiter {
     /// Gives `key` quotas of its own (see [`Override`]), which beat the
     /// policy's, a tier's and a quota that came with the request, on every
     /// app server at its next decision. The policy must be
-    /// [overridable](Policy::overridable). On Redis two calls: a `SET` of
-    /// the caller's override key, then an `HSET` of the policy's list. This
+    /// [overridable](Policy::overridable). On Redis three calls, list
+    /// first: the policy's list marks the caller pending, the override key
+    /// is set, the list entry is confirmed; a write that stops part way
+    /// leaves the entry pending, and the list reads the override key for
+    /// it, so it never misses an override in force. This
     /// server's cache of rejections and fallback forget the key; another
     /// server's cache keeps a rejection of an overridable policy at most a
     /// second, so a raised limit lets the caller through there within a
@@ -395,8 +434,9 @@ impl RateLimiter {
     }
 
     /// Removes `key`'s override: the policy's quotas judge it again at its
-    /// next decision. `true` if one was in force. On Redis a `GET`, a
-    /// `DEL` and an `HDEL`.
+    /// next decision. `true` if one was in force. On Redis three calls, list
+    /// first as [`set_override`](Self::set_override)'s: the list's mark, a
+    /// `GET` and `DEL` of the override key, an `HDEL`.
     ///
     /// # Errors
     ///
@@ -546,41 +586,6 @@ impl RateLimiter {
         core.forget(key);
         Ok(had)
     }
-}
-
-/// Whether `quotas` can override `policy`'s.
-fn check_override(policy: &Policy, quotas: &Override) -> Result<(), ConfigError> {
-    let invalid = |why: String| ConfigError::Override {
-        policy: policy.name().to_owned(),
-        why,
-    };
-    if !policy.is_overridable() {
-        return Err(invalid(
-            "the policy takes no overrides; build it with Policy::overridable".into(),
-        ));
-    }
-    quotas_fit(policy, quotas, "the override").map_err(invalid)
-}
-
-/// Why `quotas` (`what`: an override, a runtime limit) cannot judge
-/// `policy`'s callers: not one quota per quota of the policy's, or not
-/// valid for its strategy.
-fn quotas_fit(policy: &Policy, quotas: &Override, what: &str) -> Result<(), String> {
-    if quotas.quotas().len() != policy.quotas().len() {
-        return Err(format!(
-            "the policy has {} quota(s), {what} {}",
-            policy.quotas().len(),
-            quotas.quotas().len()
-        ));
-    }
-    policy
-        .with_quotas(quotas.shared_quotas().clone())
-        .validate()
-        .map_err(|e| {
-            e.to_string()
-                .trim_start_matches("invalid rate limit configuration: ")
-                .to_owned()
-        })
 }
 
 /// The operator's side for every caller: a policy's limits changed at
@@ -743,36 +748,6 @@ impl RateLimiter {
             )),
         }
     }
-}
-
-/// Whether `value` fits `policy` as its runtime `which`: one quota per
-/// quota of the policy's, valid for its strategy; a cap's windows the
-/// policy's.
-fn check_policy_limit(
-    policy: &Policy,
-    which: PolicyLimit,
-    value: &Override,
-) -> Result<(), ConfigError> {
-    let invalid = |why: String| ConfigError::PolicyLimit {
-        policy: policy.name().to_owned(),
-        which: which.as_str(),
-        why,
-    };
-    if !policy.is_adjustable() {
-        return Err(invalid(
-            "the policy's limits are fixed; build it with Policy::adjustable".into(),
-        ));
-    }
-    quotas_fit(policy, value, &format!("the {}", which.as_str())).map_err(invalid)?;
-    if which == PolicyLimit::Cap {
-        let windows = |qs: &[crate::Quota]| qs.iter().map(|q| q.window()).collect::<Vec<_>>();
-        if windows(value.quotas()) != windows(policy.quotas()) {
-            return Err(invalid(
-                "give the policy's windows, one limit for each".into(),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The layer's side of [`RateLimiter`]: here rather than in `layer/`, so

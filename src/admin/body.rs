@@ -92,7 +92,7 @@ pub(super) fn override_of(
     now: SystemTime,
 ) -> Result<(Override, &'static str), ApiError> {
     let fields = object(body)?;
-    only(&fields, &["limit", "quotas", "until"])?;
+    only(&fields, &["limit", "quotas", "until", "note"])?;
     let (quotas, field) = match (fields.get("limit"), fields.get("quotas")) {
         (Some(limit), None) => (vec![limit_of(limit, policy)?], "limit"),
         (None, Some(quotas)) => (quotas_of(quotas, policy)?, "quotas"),
@@ -114,18 +114,68 @@ pub(super) fn override_of(
         .next()
         .ok_or_else(|| ApiError::invalid("quotas", "is empty"))?;
     let mut o = quotas.fold(Override::new(first), Override::and);
-    if let Some(until) = fields.get("until") {
-        let secs = whole("until", until, 1, MAX_UNTIL_SECS)?;
-        let at = UNIX_EPOCH + Duration::from_secs(secs);
-        if at <= now {
-            return Err(ApiError::invalid(
-                "until",
-                format!("{secs} is in the past: give a time to come, in Unix seconds"),
-            ));
-        }
+    if let Some(at) = until_of(fields.get("until"), now)? {
         o = o.until(at);
     }
+    if let Some(note) = note_of(fields.get("note"))? {
+        o = o.with_note(note);
+    }
     Ok((o, field))
+}
+
+/// `"note"`: free text kept with the override, at most
+/// [`Override::MAX_NOTE_CHARS`] characters and no control character; absent
+/// or `null` (as GET shows none) for none.
+fn note_of(note: Option<&Value>) -> Result<Option<&str>, ApiError> {
+    let note = match note {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(note)) => note,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "note",
+                format!("must be a string or null, got {other}"),
+            ))
+        }
+    };
+    if let Some(why) = Override::new(Quota::per_second(std::num::NonZeroU32::MIN))
+        .with_note(note)
+        .note_problem()
+    {
+        return Err(ApiError::invalid("note", why));
+    }
+    Ok(Some(note))
+}
+
+/// `"until"`: Unix seconds to come (fractional as GET shows an end set to
+/// the microsecond), or absent or `null` (as GET shows it) for no end.
+fn until_of(until: Option<&Value>, now: SystemTime) -> Result<Option<SystemTime>, ApiError> {
+    let until = match until {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_none() && n.as_f64().is_some_and(|f| f > 0.0) => {
+            // Whole microseconds, as an override keeps its end: what GET
+            // showed reads back to the same end.
+            let micros = (n.as_f64().unwrap_or(0.0) * 1e6).round();
+            if micros > (MAX_UNTIL_SECS * 1_000_000) as f64 {
+                return Err(ApiError::invalid(
+                    "until",
+                    format!("must be at most {MAX_UNTIL_SECS}, got {n}"),
+                ));
+            }
+            UNIX_EPOCH + Duration::from_micros(micros as u64)
+        }
+        Some(until) => UNIX_EPOCH + Duration::from_secs(whole("until", until, 1, MAX_UNTIL_SECS)?),
+    };
+    if until <= now {
+        let secs = until
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        return Err(ApiError::invalid(
+            "until",
+            format!("{secs} is in the past: give a time to come, in Unix seconds"),
+        ));
+    }
+    Ok(Some(until))
 }
 
 /// `{"limit": N}`: the policy's one quota with another limit.
@@ -207,14 +257,7 @@ fn quotas_of(quotas: &Value, policy: &Policy) -> Result<Vec<Quota>, ApiError> {
 fn quota_of(field: &str, limit: u64, window: Duration) -> Result<Quota, ApiError> {
     let limit =
         u32::try_from(limit).map_err(|_| ApiError::invalid(field, "is above 4294967295"))?;
-    Quota::new(limit, window).map_err(|err| ApiError::invalid(field, reason(&err.to_string())))
-}
-
-/// A configuration error's message without its common prefix.
-pub(super) fn reason(message: &str) -> String {
-    message
-        .trim_start_matches("invalid rate limit configuration: ")
-        .to_owned()
+    Quota::new(limit, window).map_err(|err| ApiError::invalid(field, err.reason().to_string()))
 }
 
 /// The block a `PUT .../block` body asks for: `{"seconds": N}`, 1 s to 366 days.
@@ -319,6 +362,53 @@ mod tests {
         let body = format!(r#"{{"limit": 5, "until": {later}}}"#);
         let (o, _) = override_of(body.as_bytes(), &one_quota(), SystemTime::now()).unwrap();
         assert_eq!(o.until_micros(), Some(later * 1_000_000));
+    }
+
+    /// Issue 45: GET shows `"until": null` for an override with no end,
+    /// and a PUT of it answered 400 "must be a whole number, got null".
+    #[test]
+    fn until_is_null_or_fractional_as_get_shows_it() {
+        let (o, _) = override_of(
+            br#"{"limit": 5, "until": null}"#,
+            &one_quota(),
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(o.until_micros(), None);
+        let later = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 60;
+        let body = format!(r#"{{"limit": 5, "until": {later}.123456}}"#);
+        let (o, _) = override_of(body.as_bytes(), &one_quota(), SystemTime::now()).unwrap();
+        assert_eq!(o.until_micros(), Some(later * 1_000_000 + 123_456));
+        assert_eq!(refused(r#"{"limit": 5, "until": 1.5}"#).0, "until");
+        assert_eq!(refused(r#"{"limit": 5, "until": -1.5}"#).0, "until");
+        assert_eq!(refused(r#"{"limit": 5, "until": 1e300}"#).0, "until");
+    }
+
+    /// Issue 45: a note kept with an override, bounded.
+    #[test]
+    fn a_note_is_bounded_text_or_null() {
+        let (o, _) = override_of(
+            br#"{"limit": 5, "note": "acme launch, OPS-42"}"#,
+            &one_quota(),
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(o.note(), Some("acme launch, OPS-42"));
+        let (o, _) = override_of(
+            br#"{"limit": 5, "note": null}"#,
+            &one_quota(),
+            SystemTime::now(),
+        )
+        .unwrap();
+        assert_eq!(o.note(), None);
+        let long = format!(r#"{{"limit": 5, "note": "{}"}}"#, "é".repeat(257));
+        assert_eq!(refused(&long).0, "note");
+        assert_eq!(refused(r#"{"limit": 5, "note": "a\nb"}"#).0, "note");
+        assert_eq!(refused(r#"{"limit": 5, "note": 7}"#).0, "note");
     }
 
     #[test]

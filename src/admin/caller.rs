@@ -11,6 +11,7 @@ use http::header::HeaderName;
 use http::Uri;
 
 use super::error::ApiError;
+use crate::error::KeyError;
 use crate::key::{Caller, Key};
 use crate::rate_limiter::RateLimiter;
 
@@ -58,28 +59,210 @@ impl Aliases {
     }
 }
 
-/// The key `limiter` gives the caller that `uri`'s query names.
-pub(super) fn key_of(uri: &Uri, aliases: &Aliases, limiter: &RateLimiter) -> Result<Key, ApiError> {
-    let caller = caller_of(uri.query().unwrap_or(""), aliases)?;
-    limiter.key_of(&caller).map_err(|err| {
-        ApiError::invalid(
-            "caller",
-            format!("the policy's key extractor cannot key this caller: {err}"),
-        )
-    })
+/// One part of a caller, as the query named it.
+#[derive(Debug, Clone)]
+enum Part {
+    Ip(IpAddr),
+    Route(String),
+    Header(HeaderName, String),
 }
 
-/// The [`Caller`] a query names; every parameter must name part of it,
-/// once, without hash-tag characters.
-fn caller_of(query: &str, aliases: &Aliases) -> Result<Caller, ApiError> {
+impl Part {
+    /// The same part with another value, to see whether a key changes
+    /// with it.
+    fn altered(&self) -> Part {
+        match self {
+            Part::Ip(IpAddr::V4(_)) => Part::Ip("192.0.2.254".parse().expect("an address")),
+            Part::Ip(IpAddr::V6(_)) => {
+                Part::Ip("2001:db8:ffff:ffff::1".parse().expect("an address"))
+            }
+            Part::Route(route) => Part::Route(format!("{route}/~other")),
+            Part::Header(name, value) => Part::Header(name.clone(), format!("{value}~other")),
+        }
+    }
+
+    /// Whether `other` names the same part (another value, maybe).
+    fn same_kind(&self, other: &Part) -> bool {
+        match (self, other) {
+            (Part::Ip(_), Part::Ip(_)) | (Part::Route(_), Part::Route(_)) => true,
+            (Part::Header(a, _), Part::Header(b, _)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// A value of this kind for a probe of what an extractor reads.
+    fn probe(field: &str) -> Option<Part> {
+        match field {
+            "ip" => Some(Part::Ip("192.0.2.1".parse().expect("an address"))),
+            "route" => Some(Part::Route("/probe".to_owned())),
+            _ => None,
+        }
+    }
+}
+
+/// A caller built of `parts`.
+fn caller(parts: &[(String, Part)]) -> Caller {
     let mut caller = Caller::new();
-    let mut seen: Vec<String> = Vec::new();
+    for (_, part) in parts {
+        caller = match part {
+            Part::Ip(ip) => caller.ip(*ip),
+            Part::Route(route) => caller.route(route),
+            Part::Header(name, value) => match caller.header(name.as_str(), value) {
+                Ok(with) => with,
+                // Checked when read from the query.
+                Err(_) => unreachable!("a header checked when parsed"),
+            },
+        };
+    }
+    caller
+}
+
+/// Whether `limiter`'s extractor keys `parts` differently when the one at
+/// `at` changes: whether it reads that part for this caller.
+fn reads(limiter: &RateLimiter, parts: &[(String, Part)], at: usize) -> bool {
+    let Ok(key) = limiter.key_of(&caller(parts)) else {
+        return false;
+    };
+    let mut altered = parts.to_vec();
+    altered[at].1 = parts[at].1.altered();
+    limiter
+        .key_of(&caller(&altered))
+        .map_or(true, |other| other != key)
+}
+
+/// The parts `limiter`'s extractor reads, of those an operator can name
+/// here (`ip`, `route`, the aliases' headers, and `named`'s headers): each
+/// one it keys a caller by, alone or with the others; with how to name it.
+fn parts_read(
+    limiter: &RateLimiter,
+    aliases: &Aliases,
+    named: &[(String, Part)],
+) -> Vec<(Part, String)> {
+    let mut every: Vec<(String, Part)> = ["ip", "route"]
+        .iter()
+        .filter_map(|f| Some(((*f).to_owned(), Part::probe(f)?)))
+        .collect();
+    for (alias, header) in aliases.iter() {
+        every.push((
+            alias.to_owned(),
+            Part::Header(header.clone(), "probe".to_owned()),
+        ));
+    }
+    for (field, part) in named {
+        if matches!(part, Part::Header(..)) && !every.iter().any(|(_, p)| p.same_kind(part)) {
+            every.push((field.clone(), part.clone()));
+        }
+    }
+    (0..every.len())
+        .filter(|&i| reads(limiter, &every, i) || reads(limiter, &every[i..=i], 0))
+        .map(|i| {
+            let (field, part) = &every[i];
+            let shown = match part {
+                Part::Header(name, _) if *field != format!("header.{name}") => {
+                    format!("{field} (header.{name})")
+                }
+                _ => field.clone(),
+            };
+            (part.clone(), shown)
+        })
+        .collect()
+}
+
+/// `read`, for a message.
+fn listed(read: &[(Part, String)]) -> String {
+    if read.is_empty() {
+        return "none of ip, route or a header named here (a closure may read others)".to_owned();
+    }
+    read.iter()
+        .map(|(_, shown)| shown.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The key `limiter` gives the caller that `uri`'s query names. Every part
+/// named must be one the policy's extractor keys this caller by: a part it
+/// does not read, or a second name for a caller it keys by the first (an
+/// API key and an address, under "the key, else the address"), is a `400`
+/// naming it and the parts the extractor reads.
+pub(super) fn key_of(uri: &Uri, aliases: &Aliases, limiter: &RateLimiter) -> Result<Key, ApiError> {
+    let named = parts_of(uri.query().unwrap_or(""), aliases)?;
+    let policy = limiter.policy().name();
+    let unread = |read: &[(Part, String)]| {
+        named
+            .iter()
+            .find(|(_, part)| !read.iter().any(|(p, _)| p.same_kind(part)))
+    };
+    let not_read = |field: &str, read: &[(Part, String)]| {
+        ApiError::invalid(
+            field,
+            format!(
+                "is not part of a caller's key under policy {policy:?}: its key extractor reads {}",
+                listed(read)
+            ),
+        )
+    };
+    let key = match limiter.key_of(&caller(&named)) {
+        Ok(key) => key,
+        Err(err) => {
+            let read = parts_read(limiter, aliases, &named);
+            // No key at all: the caller is at fault, named by the part
+            // the extractor does not read.
+            if let Some((field, _)) = unread(&read) {
+                let err = not_read(field, &read);
+                return Err(ApiError::invalid(
+                    "caller",
+                    format!("{field} {}", err.message()),
+                ));
+            }
+            return Err(ApiError::invalid(
+                "caller",
+                format!(
+                    "policy {policy:?}'s key extractor cannot key this caller: {}; it reads {}",
+                    missing(&err),
+                    listed(&read),
+                ),
+            ));
+        }
+    };
+    if let Some(at) = (0..named.len()).find(|&at| !reads(limiter, &named, at)) {
+        let read = parts_read(limiter, aliases, &named);
+        let field = &named[at].0;
+        if unread(&read).is_some_and(|(f, _)| f == field) {
+            return Err(not_read(field, &read));
+        }
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "names the caller a second way: policy {policy:?}'s key extractor keys this \
+                 caller by the other parts given and ignores {field}; name it one way"
+            ),
+        ));
+    }
+    Ok(key)
+}
+
+/// What a key extractor found missing, in an operator's words: the
+/// extractor's message speaks of a request served without its peer's
+/// address, which a named caller is not.
+fn missing(err: &KeyError) -> String {
+    match err {
+        KeyError::Missing(what) if what.starts_with("peer address") => {
+            "no address was given (name it with ip=)".to_owned()
+        }
+        KeyError::Missing(what) => format!("no {what} was given"),
+        other => other.to_string(),
+    }
+}
+
+/// The parts a query names; every parameter must name part of a caller,
+/// once, without hash-tag characters.
+fn parts_of(query: &str, aliases: &Aliases) -> Result<Vec<(String, Part)>, ApiError> {
+    let mut named: Vec<(String, Part)> = Vec::new();
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
         let field = name.as_ref();
-        if seen.iter().any(|s| s == field) {
+        if named.iter().any(|(s, _)| s == field) {
             return Err(ApiError::invalid(field, "given twice; name each part once"));
         }
-        seen.push(field.to_owned());
         if value.is_empty() {
             return Err(ApiError::invalid(field, "is empty"));
         }
@@ -89,11 +272,11 @@ fn caller_of(query: &str, aliases: &Aliases) -> Result<Caller, ApiError> {
                 "has '{' or '}', which no caller's request can make part of its key",
             ));
         }
-        caller = match field {
-            "ip" => caller.ip(value.parse::<IpAddr>().map_err(|_| {
+        let part = match field {
+            "ip" => Part::Ip(value.parse::<IpAddr>().map_err(|_| {
                 ApiError::invalid("ip", format!("{value:?} is not an IPv4 or IPv6 address"))
             })?),
-            "route" if value.starts_with('/') => caller.route(&value),
+            "route" if value.starts_with('/') => Part::Route(value.clone().into_owned()),
             "route" => {
                 return Err(ApiError::invalid(
                     "route",
@@ -102,9 +285,10 @@ fn caller_of(query: &str, aliases: &Aliases) -> Result<Caller, ApiError> {
             }
             _ => {
                 let header = match field.strip_prefix("header.") {
-                    Some(header) => header.to_owned(),
+                    Some(header) => HeaderName::from_bytes(header.as_bytes())
+                        .map_err(|_| ApiError::invalid(field, "is not a header name"))?,
                     None => match aliases.header(field) {
-                        Some(header) => header.as_str().to_owned(),
+                        Some(header) => header.clone(),
                         None => {
                             return Err(ApiError::invalid(
                                 field,
@@ -113,19 +297,36 @@ fn caller_of(query: &str, aliases: &Aliases) -> Result<Caller, ApiError> {
                         }
                     },
                 };
-                caller
-                    .header(&header, &value)
-                    .map_err(|err| ApiError::invalid(field, err.to_string()))?
+                if let Some((other, _)) = named
+                    .iter()
+                    .find(|(_, p)| matches!(p, Part::Header(h, _) if *h == header))
+                {
+                    return Err(ApiError::invalid(
+                        field,
+                        format!("names the header {header} that {other} names: name it once"),
+                    ));
+                }
+                Caller::new()
+                    .header(header.as_str(), &value)
+                    .map_err(|err| ApiError::invalid(field, err.to_string()))?;
+                Part::Header(header, value.into_owned())
             }
         };
+        named.push((field.to_owned(), part));
     }
-    if seen.is_empty() {
+    if named.is_empty() {
         return Err(ApiError::invalid(
             "caller",
             format!("name the caller in the query: {}", aliases.hint()),
         ));
     }
-    Ok(caller)
+    Ok(named)
+}
+
+/// The [`Caller`] a query names.
+#[cfg(test)]
+fn caller_of(query: &str, aliases: &Aliases) -> Result<Caller, ApiError> {
+    Ok(caller(&parts_of(query, aliases)?))
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http::StatusCode;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::error::{StoreError, StoreErrorKind};
 
@@ -21,10 +22,12 @@ use crate::error::{StoreError, StoreErrorKind};
 /// {"error": {"field": "limit", "message": "must be at least 1, got 0"}}
 /// ```
 ///
-/// A write the store may have run (a timeout, a broken connection)
-/// answers `504` with `"applied": "unknown"`: repeat it, admin writes are
-/// idempotent. A write the store refused answers `503` with
-/// `"applied": false`.
+/// A write the store may have run (a timeout, a broken connection, a
+/// later step refused after an earlier one landed) answers `504` with
+/// `"applied": "unknown"`: repeat it, admin writes are idempotent. A write
+/// of which nothing can have been written (the store refused its first
+/// step; the connection was refused) answers `503` with `"applied": false`
+/// ([`StoreError::may_have_written`]).
 ///
 /// ```
 /// use tollgate::admin::ApiError;
@@ -98,11 +101,11 @@ impl ApiError {
     }
 
     /// A change the store did not confirm: `504` when the store may have
-    /// run it (a timeout, a broken connection, an answer it could not
-    /// read), saying so and that repeating it is safe; `503` when the store
-    /// refused it (nothing written).
+    /// run it or part of it ([`StoreError::may_have_written`]), saying so
+    /// and that repeating it is safe; `503` when nothing can have been
+    /// written.
     pub fn write_failed(err: &StoreError) -> Self {
-        if may_have_run(err.kind()) {
+        if err.may_have_written() {
             Self {
                 applied: Some(Applied::Unknown),
                 ..Self::new(
@@ -153,25 +156,42 @@ impl ApiError {
         &self.message
     }
 
-    /// The JSON body.
+    /// The JSON body, `{"error": {"field", "message", "applied"?}}`.
     fn body(&self) -> Value {
-        let mut error = json!({ "field": self.field, "message": self.message });
-        match self.applied {
-            Some(Applied::No) => error["applied"] = json!(false),
-            Some(Applied::Unknown) => error["applied"] = json!("unknown"),
-            None => {}
-        }
-        json!({ "error": error })
+        let shown = ErrorBody {
+            error: ErrorFields {
+                field: self.field.as_deref(),
+                message: &self.message,
+                applied: self.applied.map(|applied| match applied {
+                    Applied::No => AppliedShown::Flag(false),
+                    Applied::Unknown => AppliedShown::Word("unknown"),
+                }),
+            },
+        };
+        serde_json::to_value(shown).expect("an error body serializes")
     }
 }
 
-/// Whether a call that failed this way may still have run in the store: it
-/// was sent, and the answer did not come back (or made no sense).
-fn may_have_run(kind: StoreErrorKind) -> bool {
-    match kind {
-        StoreErrorKind::Timeout | StoreErrorKind::Unavailable | StoreErrorKind::Protocol => true,
-        StoreErrorKind::Rejected | StoreErrorKind::Unsupported => false,
-    }
+/// The JSON shape of every error: one type, as `openapi.json`'s `Error`.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorFields<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorFields<'a> {
+    field: Option<&'a str>,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    applied: Option<AppliedShown>,
+}
+
+/// `"applied"`: `false` (nothing written) or `"unknown"`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum AppliedShown {
+    Flag(bool),
+    Word(&'static str),
 }
 
 impl fmt::Display for ApiError {
@@ -194,6 +214,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_store_failure_of_a_write_says_whether_it_may_have_landed() {
@@ -208,6 +229,18 @@ mod tests {
             assert_eq!(err.status().as_u16(), status, "{kind:?}");
             assert_eq!(err.body()["error"]["applied"], applied, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn a_refusal_after_an_earlier_step_landed_is_a_504_and_a_refused_connection_a_503() {
+        let refused_late = StoreError::new(StoreErrorKind::Rejected, "READONLY").after_a_write();
+        let err = ApiError::write_failed(&refused_late);
+        assert_eq!(err.status().as_u16(), 504);
+        assert_eq!(err.body()["error"]["applied"], json!("unknown"));
+        let never_sent = StoreError::new(StoreErrorKind::Unavailable, "refused").unsent();
+        let err = ApiError::write_failed(&never_sent);
+        assert_eq!(err.status().as_u16(), 503);
+        assert_eq!(err.body()["error"]["applied"], json!(false));
     }
 
     #[test]

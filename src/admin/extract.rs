@@ -49,6 +49,46 @@ impl FromRequestParts<Api> for Target {
     }
 }
 
+/// A route that names no caller takes no query: a parameter is a `400`
+/// naming it, rather than ignored (an operator who added `?api_key=..`
+/// meant something by it).
+pub(super) struct NoQuery;
+
+impl FromRequestParts<Api> for NoQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &Api) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or("");
+        match form_urlencoded::parse(query.as_bytes()).next() {
+            None => Ok(Self),
+            Some((name, _)) => Err(ApiError::invalid(
+                &name,
+                "this route names no caller and takes no query parameter",
+            )),
+        }
+    }
+}
+
+/// The policy `{policy}` names and, when the query names a caller, its
+/// key: a filter.
+pub(super) struct Filtered {
+    pub limiter: RateLimiter,
+    pub key: Option<Key>,
+}
+
+impl FromRequestParts<Api> for Filtered {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Self, ApiError> {
+        let Named(limiter) = Named::from_request_parts(parts, api).await?;
+        let key = match parts.uri.query() {
+            None | Some("") => None,
+            Some(_) => Some(caller::key_of(&parts.uri, &api.aliases, &limiter)?),
+        };
+        Ok(Self { limiter, key })
+    }
+}
+
 /// The request's body, at most the API's body limit.
 pub(super) struct Body(pub Bytes);
 

@@ -54,12 +54,14 @@
 //!
 //! | route | does | Redis |
 //! |---|---|---|
-//! | `GET /policies`, `GET /policies/{policy}` | the policies as built: strategy, quotas, overridable, penalty box | nothing |
+//! | `GET /policies`, `GET /policies/{policy}` | the policies as built (strategy, quotas, overridable, penalty box) and an adjustable one's runtime limit and cap | 1 `EVALSHA` per adjustable policy, all at once; in the list, a policy whose read failed shows `"runtime_error"` and the others are answered |
 //! | `GET /policies/{policy}/overrides` | every override in force, by the caller's key as stored | 1 `EVALSHA` |
-//! | `GET`, `PUT`, `DELETE /policies/{policy}/overrides/caller?..` | the caller's override: read, set (`{"limit": N}` or `{"quotas": [..]}`, optionally `"until"`), clear | 1, 2, 3 `EVALSHA` |
+//! | `GET`, `PUT`, `DELETE /policies/{policy}/overrides/caller?..` | the caller's override: read, set (`{"limit": N}` or `{"quotas": [..]}`, optionally `"until"`), clear | 1, 3, 3 `EVALSHA` |
 //! | `PUT`, `DELETE /policies/{policy}/block?..` | block the caller (`{"seconds": N}`), unblock it (counters kept) | 1 `EVALSHA` |
 //! | `POST /policies/{policy}/reset?..` | forget the caller's counters and block | 1 `EVALSHA` |
-//! | `GET /policies/{policy}/peek?..` | the caller's state, charging nothing | 1 `EVALSHA_RO` |
+//! | `GET /policies/{policy}/peek?..` | the caller's state, charging nothing; used up or blocked, the `Retry-After` and reset a request would be told | 1 `EVALSHA_RO`, 2 when used up |
+//! | `PUT`, `DELETE /policies/{policy}/limit` | the runtime limit for every caller of an adjustable policy: set (as an override's body), clear | 1, 2 `EVALSHA` |
+//! | `PUT`, `DELETE /policies/{policy}/cap` | the cap nothing exceeds, an override included: set (the policy's windows), clear | 1, 2 `EVALSHA` |
 //! | `GET /openapi.json` | the OpenAPI 3.1 description of these routes | nothing |
 //!
 //! A caller is named as the policy's key extractor sees it, never by its
@@ -77,8 +79,12 @@
 //! `404` for an unknown policy, `409` for a policy that takes no overrides
 //! or has no penalty box, `413` for a body over the limit (16 KiB). A
 //! write the store did not confirm answers `504` when it may have landed
-//! (a timeout, a broken connection: `"applied": "unknown"`; every write is
-//! idempotent, so repeat it) and `503` when the store refused it.
+//! (a timeout, a broken connection, a step refused after an earlier one
+//! landed: `"applied": "unknown"`; every write is idempotent, so repeat
+//! it) and `503` with `"applied": false` only when nothing can have been
+//! written (the store refused the first step, or the connection was
+//! refused). Whatever became of a write, the overrides listed are the ones
+//! requests meet.
 
 mod body;
 mod caller;

@@ -18,19 +18,30 @@ pub(super) fn document_with(aliases: &Aliases) -> String {
     let mut doc: Value = serde_json::from_str(WRITTEN).expect("openapi.json is JSON");
     for (name, header) in aliases.iter() {
         let id = format!("alias.{name}");
-        doc["components"]["parameters"][&id] = json!({
-            "name": name,
-            "in": "query",
-            "required": false,
-            "description": format!("The caller's {header} header (the same as header.{header})"),
-            "schema": { "type": "string" },
-        });
+        // `get_mut`, never `doc[..] = `: indexing a `Value` mutably inserts
+        // a `null` where a key is missing (issue 45: `"parameters": null`
+        // on every path without parameters, which no validator accepts).
+        if let Some(parameters) = doc
+            .pointer_mut("/components/parameters")
+            .and_then(Value::as_object_mut)
+        {
+            parameters.insert(
+                id.clone(),
+                json!({
+                    "name": name,
+                    "in": "query",
+                    "required": false,
+                    "description": format!("The caller's {header} header (the same as header.{header})"),
+                    "schema": { "type": "string" },
+                }),
+            );
+        }
         let reference = json!({ "$ref": format!("#/components/parameters/{id}") });
-        let Some(paths) = doc["paths"].as_object_mut() else {
+        let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
             continue;
         };
         for item in paths.values_mut() {
-            let Some(parameters) = item["parameters"].as_array_mut() else {
+            let Some(parameters) = item.get_mut("parameters").and_then(Value::as_array_mut) else {
                 continue;
             };
             if parameters
@@ -83,6 +94,28 @@ mod tests {
         assert_eq!(served, documented());
     }
 
+    /// Issue 45: the module's route table left out `/limit` and `/cap`.
+    #[test]
+    fn the_rustdoc_route_table_names_every_route() {
+        let rows: Vec<&str> = include_str!("mod.rs")
+            .lines()
+            .filter(|l| l.starts_with("//! | `"))
+            .collect();
+        for route in routes::table() {
+            let (method, path) = (format!("`{}", route.method), route.path);
+            let named = rows.iter().any(|row| {
+                let cell = row.split(" | ").nth(1).unwrap_or("");
+                (cell.contains(&format!("{path}`")) || cell.contains(&format!("{path}?")))
+                    && (cell.contains(&method) || cell.contains(&format!("{} ", route.method)))
+            });
+            assert!(
+                named,
+                "{} {path} is not in admin/mod.rs's route table",
+                route.method
+            );
+        }
+    }
+
     #[test]
     fn the_document_is_openapi_3_1_and_every_reference_resolves() {
         let doc: Value = serde_json::from_str(WRITTEN).unwrap();
@@ -96,6 +129,35 @@ mod tests {
             assert!(doc.pointer(pointer).is_some(), "{pointer} resolves");
             rest = &tail[end..];
         }
+    }
+
+    /// Issue 45: with an alias, every path without parameters got
+    /// `"parameters": null`.
+    #[test]
+    fn an_alias_adds_no_null_anywhere() {
+        let mut aliases = Aliases::default();
+        aliases.add("api_key", "x-api-key");
+        fn nulls(at: &str, value: &Value, out: &mut Vec<String>) {
+            match value {
+                Value::Null => out.push(at.to_owned()),
+                Value::Array(items) => {
+                    for (i, v) in items.iter().enumerate() {
+                        nulls(&format!("{at}/{i}"), v, out);
+                    }
+                }
+                Value::Object(fields) => {
+                    for (k, v) in fields {
+                        nulls(&format!("{at}/{k}"), v, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let doc: Value = serde_json::from_str(&document_with(&aliases)).unwrap();
+        let mut found = Vec::new();
+        nulls("", &doc, &mut found);
+        assert!(found.is_empty(), "nulls at {found:?}");
+        assert!(doc["paths"]["/policies"].get("parameters").is_none());
     }
 
     #[test]

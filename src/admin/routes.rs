@@ -8,13 +8,12 @@ use axum::handler::Handler;
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Json;
 use http::Method;
-use serde_json::{json, Value};
 
 use super::body;
 use super::error::ApiError;
-use super::extract::{Body, Named, Target};
+use super::extract::{Body, Filtered, Named, NoQuery, Target};
 use super::openapi;
-use super::view;
+use super::view::{self, Did};
 use super::Api;
 use crate::error::AdminError;
 use crate::policy_limits::{PolicyLimit, PolicyLimits};
@@ -80,17 +79,55 @@ pub(super) async fn wrong_method() -> ApiError {
     ApiError::method_not_allowed()
 }
 
-type Answer = Result<Json<Value>, ApiError>;
+/// A route's answer: one of the shapes in `view.rs`, or an error.
+type Answer<T> = Result<Json<T>, ApiError>;
 
-async fn list_policies(axum::extract::State(api): axum::extract::State<Api>) -> Answer {
-    let mut policies = Vec::with_capacity(api.policies.len());
-    for limiter in api.policies.values() {
-        policies.push(view::policy(limiter, &runtime_of(limiter).await?));
+/// Every policy. The adjustable ones' runtime limits are read at once,
+/// each within the store's deadline, so the list costs one deadline at
+/// most; a policy whose read failed is shown as built, with
+/// `"runtime": null` and `"runtime_error"` saying why, and the others are
+/// not held back by it.
+async fn list_policies(
+    _: NoQuery,
+    axum::extract::State(api): axum::extract::State<Api>,
+) -> Answer<view::Policies> {
+    let mut reads = tokio::task::JoinSet::new();
+    for (at, limiter) in api.policies.values().enumerate() {
+        let limiter = limiter.clone();
+        reads.spawn(async move { (at, runtime_of(&limiter).await) });
     }
-    Ok(Json(json!({ "policies": policies })))
+    let mut runtimes: Vec<Option<Result<Option<PolicyLimits>, ApiError>>> =
+        (0..api.policies.len()).map(|_| None).collect();
+    while let Some(read) = reads.join_next().await {
+        let (at, runtime) = read.map_err(|err| {
+            ApiError::read_failed(&crate::error::StoreError::new(
+                crate::error::StoreErrorKind::Unavailable,
+                err,
+            ))
+        })?;
+        runtimes[at] = Some(runtime);
+    }
+    let policies: Vec<view::PolicyView> = api
+        .policies
+        .values()
+        .zip(runtimes)
+        .map(|(limiter, runtime)| match runtime {
+            Some(Ok(runtime)) => view::policy(limiter, &runtime),
+            Some(Err(err)) => {
+                let mut shown = view::policy(limiter, &None);
+                shown.runtime_error = Some(view::ReadError {
+                    status: err.status().as_u16(),
+                    message: err.message().to_owned(),
+                });
+                shown
+            }
+            None => view::policy(limiter, &None),
+        })
+        .collect();
+    Ok(Json(view::Policies { policies }))
 }
 
-async fn get_policy(Named(limiter): Named) -> Answer {
+async fn get_policy(Named(limiter): Named, _: NoQuery) -> Answer<view::PolicyView> {
     let runtime = runtime_of(&limiter).await?;
     Ok(Json(view::policy(&limiter, &runtime)))
 }
@@ -108,53 +145,74 @@ async fn runtime_of(limiter: &RateLimiter) -> Result<Option<PolicyLimits>, ApiEr
     Ok(Some(limits))
 }
 
-async fn set_policy_limit(Named(limiter): Named, Body(bytes): Body) -> Answer {
+async fn set_policy_limit(
+    Named(limiter): Named,
+    _: NoQuery,
+    Body(bytes): Body,
+) -> Answer<view::PolicyWideSet> {
     set_policy_wide(limiter, bytes, PolicyLimit::Limit).await
 }
 
-async fn set_policy_cap(Named(limiter): Named, Body(bytes): Body) -> Answer {
+async fn set_policy_cap(
+    Named(limiter): Named,
+    _: NoQuery,
+    Body(bytes): Body,
+) -> Answer<view::PolicyWideSet> {
     set_policy_wide(limiter, bytes, PolicyLimit::Cap).await
 }
 
-async fn clear_policy_limit(Named(limiter): Named) -> Answer {
+async fn clear_policy_limit(Named(limiter): Named, _: NoQuery) -> Answer<view::PolicyWideCleared> {
     clear_policy_wide(limiter, PolicyLimit::Limit).await
 }
 
-async fn clear_policy_cap(Named(limiter): Named) -> Answer {
+async fn clear_policy_cap(Named(limiter): Named, _: NoQuery) -> Answer<view::PolicyWideCleared> {
     clear_policy_wide(limiter, PolicyLimit::Cap).await
 }
 
 /// `PUT .../limit` and `.../cap`: the body as an override's
 /// (`{"limit": N, "until": secs}` or `{"quotas": [..]}`).
-async fn set_policy_wide(limiter: RateLimiter, bytes: bytes::Bytes, which: PolicyLimit) -> Answer {
+async fn set_policy_wide(
+    limiter: RateLimiter,
+    bytes: bytes::Bytes,
+    which: PolicyLimit,
+) -> Answer<view::PolicyWideSet> {
     adjustable(&limiter)?;
     let (value, field) = body::override_of(&bytes, limiter.policy(), SystemTime::now())?;
+    if value.note().is_some() {
+        return Err(ApiError::invalid(
+            "note",
+            "a note is kept with a caller's override only; give null or leave it out",
+        ));
+    }
     let set = match which {
         PolicyLimit::Limit => limiter.set_policy_limit(value.clone()).await,
         PolicyLimit::Cap => limiter.set_policy_cap(value.clone()).await,
     };
     match set {
-        Ok(()) => Ok(Json(json!({
-            "policy": limiter.policy().name(),
-            "which": which.as_str(),
-            "value": view::override_of(&value),
-        }))),
+        Ok(()) => Ok(Json(view::PolicyWideSet {
+            policy: limiter.policy().name().to_owned(),
+            which: which.as_str(),
+            value: (&value).into(),
+        })),
         Err(err) => Err(admin_failed(&err, field)),
     }
 }
 
-async fn clear_policy_wide(limiter: RateLimiter, which: PolicyLimit) -> Answer {
+async fn clear_policy_wide(
+    limiter: RateLimiter,
+    which: PolicyLimit,
+) -> Answer<view::PolicyWideCleared> {
     adjustable(&limiter)?;
     let cleared = match which {
         PolicyLimit::Limit => limiter.clear_policy_limit().await,
         PolicyLimit::Cap => limiter.clear_policy_cap().await,
     }
     .map_err(|err| ApiError::write_failed(&err))?;
-    Ok(Json(json!({
-        "policy": limiter.policy().name(),
-        "which": which.as_str(),
-        "cleared": cleared,
-    })))
+    Ok(Json(view::PolicyWideCleared {
+        policy: limiter.policy().name().to_owned(),
+        which: which.as_str(),
+        cleared,
+    }))
 }
 
 /// `409` unless the policy's limits may change at runtime.
@@ -171,99 +229,96 @@ fn adjustable(limiter: &RateLimiter) -> Result<(), ApiError> {
     ))
 }
 
-async fn list_overrides(Named(limiter): Named) -> Answer {
+async fn list_overrides(Filtered { limiter, key }: Filtered) -> Answer<view::Listed> {
     overridable(&limiter)?;
+    let cap = limiter.cap_now();
     let all = limiter
         .list_overrides()
         .await
         .map_err(|err| ApiError::read_failed(&err))?;
-    let listed: Vec<Value> = all.iter().map(|(key, o)| view::listed(key, o)).collect();
-    Ok(Json(
-        json!({ "policy": limiter.policy().name(), "overrides": listed }),
-    ))
+    let overrides: Vec<view::ListedView> = all
+        .iter()
+        .filter(|(k, _)| key.as_ref().is_none_or(|key| key == k))
+        .map(|(key, o)| view::listed(key, o, cap.as_deref()))
+        .collect();
+    Ok(Json(view::Listed {
+        policy: limiter.policy().name().to_owned(),
+        overrides,
+    }))
 }
 
-async fn get_override(Target { limiter, key }: Target) -> Answer {
+async fn get_override(Target { limiter, key }: Target) -> Answer<view::CallerOverride> {
     overridable(&limiter)?;
     let found = limiter
         .get_override(&key)
         .await
         .map_err(|err| ApiError::read_failed(&err))?;
-    Ok(Json(json!({
-        "policy": limiter.policy().name(),
-        "key": key.as_str(),
-        "override": found.as_ref().map(view::override_of),
-    })))
+    Ok(Json(view::caller_override(&limiter, &key, found.as_ref())))
 }
 
-async fn set_override(Target { limiter, key }: Target, Body(bytes): Body) -> Answer {
+async fn set_override(
+    Target { limiter, key }: Target,
+    Body(bytes): Body,
+) -> Answer<view::CallerOverride> {
     overridable(&limiter)?;
     let (quotas, field) = body::override_of(&bytes, limiter.policy(), SystemTime::now())?;
     match limiter.set_override(&key, quotas.clone()).await {
-        Ok(()) => Ok(Json(json!({
-            "policy": limiter.policy().name(),
-            "key": key.as_str(),
-            "override": view::override_of(&quotas),
-        }))),
+        Ok(()) => Ok(Json(view::caller_override(&limiter, &key, Some(&quotas)))),
         Err(err) => Err(admin_failed(&err, field)),
     }
 }
 
-async fn clear_override(Target { limiter, key }: Target) -> Answer {
+async fn clear_override(Target { limiter, key }: Target) -> Answer<view::CallerChanged> {
     overridable(&limiter)?;
     let cleared = limiter
         .clear_override(&key)
         .await
         .map_err(|err| ApiError::write_failed(&err))?;
-    Ok(Json(json!({
-        "policy": limiter.policy().name(),
-        "key": key.as_str(),
-        "cleared": cleared,
-    })))
+    Ok(Json(view::caller_changed(
+        &limiter,
+        &key,
+        Did::Cleared(cleared),
+    )))
 }
 
-async fn block(Target { limiter, key }: Target, Body(bytes): Body) -> Answer {
+async fn block(Target { limiter, key }: Target, Body(bytes): Body) -> Answer<view::CallerChanged> {
     has_penalty_box(&limiter)?;
     let seconds = body::block_of(&bytes)?;
     limiter
         .block(&key, seconds)
         .await
         .map_err(|err| admin_failed(&err, "seconds"))?;
-    Ok(Json(json!({
-        "policy": limiter.policy().name(),
-        "key": key.as_str(),
-        "blocked_secs": seconds.as_secs(),
-    })))
+    Ok(Json(view::caller_changed(
+        &limiter,
+        &key,
+        Did::Blocked(seconds.as_secs()),
+    )))
 }
 
-async fn unblock(Target { limiter, key }: Target) -> Answer {
+async fn unblock(Target { limiter, key }: Target) -> Answer<view::CallerChanged> {
     has_penalty_box(&limiter)?;
     let unblocked = limiter
         .unblock(&key)
         .await
         .map_err(|err| ApiError::write_failed(&err))?;
-    Ok(Json(json!({
-        "policy": limiter.policy().name(),
-        "key": key.as_str(),
-        "unblocked": unblocked,
-    })))
+    Ok(Json(view::caller_changed(
+        &limiter,
+        &key,
+        Did::Unblocked(unblocked),
+    )))
 }
 
-async fn reset(Target { limiter, key }: Target) -> Answer {
+async fn reset(Target { limiter, key }: Target) -> Answer<view::CallerChanged> {
     limiter
         .reset(&key)
         .await
         .map_err(|err| ApiError::write_failed(&err))?;
-    Ok(Json(json!({
-        "policy": limiter.policy().name(),
-        "key": key.as_str(),
-        "reset": true,
-    })))
+    Ok(Json(view::caller_changed(&limiter, &key, Did::Reset(true))))
 }
 
-async fn peek(Target { limiter, key }: Target) -> Answer {
+async fn peek(Target { limiter, key }: Target) -> Answer<view::State> {
     let state = limiter
-        .peek(&key)
+        .peek_as_request(&key)
         .await
         .map_err(|err| ApiError::read_failed(&err))?;
     Ok(Json(view::state(limiter.policy(), &key, &state)))
@@ -301,9 +356,7 @@ fn has_penalty_box(limiter: &RateLimiter) -> Result<(), ApiError> {
 /// policy (`400`), or the store failed.
 fn admin_failed(err: &AdminError, field: &str) -> ApiError {
     match err {
-        AdminError::Invalid(invalid) => {
-            ApiError::invalid(field, body::reason(&invalid.to_string()))
-        }
+        AdminError::Invalid(invalid) => ApiError::invalid(field, invalid.reason().to_string()),
         AdminError::Store(store) => ApiError::write_failed(store),
     }
 }

@@ -105,6 +105,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
 
+    /// What a request of `cost` units would be told now, charging and
+    /// writing nothing (a penalty box counts no strike): the wait and reset
+    /// of a caller whose quota is used up, which a [`peek`](Self::peek)
+    /// (a request of nothing) does not show. By default the peek's answer.
+    fn peek_cost<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let _ = cost;
+        self.peek(policy, key)
+    }
+
     /// Gives back what `receipt` charged, if it is still in the window (or
     /// slot, or queue) it was charged to; never below zero.
     fn refund<'a>(
@@ -571,6 +585,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         (**self).peek(policy, key)
+    }
+
+    fn peek_cost<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).peek_cost(policy, key, cost)
     }
 
     fn refund<'a>(

@@ -83,6 +83,39 @@ impl Overrides {
     }
 }
 
+/// What a request of `cost` units would be told, as a dry run (nothing
+/// written, no strike counted, as `lua/caller.lua` dry-runs it): judged by
+/// `overridden`'s quotas when given (unless above the cap), and held by a
+/// block in force.
+pub(crate) fn dry_run(
+    policy: &Policy,
+    overridden: Option<&Override>,
+    shard: &mut Shard,
+    keys: &KeyNames<'_>,
+    now: u64,
+    cost: u64,
+) -> Decision {
+    let overridden = overridden.filter(|o| policy.cap().is_none_or(|cap| !o.exceeds(cap)));
+    let judged = overridden.map(|o| policy.with_quotas(o.shared_quotas().clone()));
+    let policy = judged.as_ref().unwrap_or(policy);
+    let decision = shard.dry_run(keys.iter(), |shard| {
+        policy
+            .strategy()
+            .algorithm()
+            .decide(policy, shard, keys, now, cost)
+    });
+    let blocked_until = match (policy.penalty_box(), shard.get(keys.penalty(), now)) {
+        (Some(penalty), Some(State::Penalty(record))) if penalty.keep_until(record) > now => {
+            record.blocked_until
+        }
+        _ => 0,
+    };
+    if blocked_until > now {
+        return decision.blocked_until(blocked_until);
+    }
+    decision
+}
+
 /// The decision for `cost` units under `policy`, judged by `overridden`'s
 /// quotas when given, and through the policy's penalty box when it has
 /// one, under the lock of `shard`.

@@ -261,6 +261,23 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(self.decide(policy, key, 0))))
     }
 
+    fn peek_cost<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let now = self.inner.clock.now_micros();
+        let overridden = policy
+            .is_overridable()
+            .then(|| self.inner.overrides.get(policy, key, now))
+            .flatten();
+        let decision = self.with_shard(policy, key, |shard, keys, now| {
+            caller::dry_run(policy, overridden.as_ref(), shard, keys, now, cost)
+        });
+        Box::pin(std::future::ready(Ok(decision)))
+    }
+
     fn reset<'a>(
         &'a self,
         policy: &'a Policy,

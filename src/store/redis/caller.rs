@@ -16,6 +16,10 @@ use crate::overrides::Override;
 use crate::policy::Policy;
 use crate::store::keys::KeyList;
 
+/// A list entry whose write did not finish: the override key says what is
+/// in force.
+const PENDING: &str = "?";
+
 impl RedisStore {
     /// Appends what `lua/caller.lua` takes to a decision of `policy` for
     /// `key`: the override's and the penalty box's keys; for an overridable
@@ -60,6 +64,13 @@ impl RedisStore {
             .map_err(|err| script.error(err))
     }
 
+    /// Sets `key`'s override, list first, so that no override lands
+    /// unlisted: the list marks the caller pending, the override key is
+    /// written, then the list entry is confirmed (three `EVALSHA`). Over
+    /// one connection to one server the first two are sent back to back
+    /// (the server runs them in that order); elsewhere (a cluster, shards)
+    /// the override waits for the mark. A write that stops after the mark
+    /// leaves it pending, which a listing settles from the override key.
     pub(super) async fn set_caller_override(
         &self,
         policy: &Policy,
@@ -68,7 +79,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let overridden = policy.with_quotas(o.shared_quotas().clone());
         let (_, quota_args) = overridden.strategy().algorithm().quota_args(&overridden);
-        let text = o.to_text();
+        let text = o.to_stored();
         let mut value = o.until_micros().unwrap_or(0).to_string();
         for a in &quota_args {
             value.push(' ');
@@ -86,17 +97,38 @@ impl RedisStore {
             }
         };
         let px = px.to_string();
-        self.override_call(
-            self.keyspace().override_key(policy, key),
-            &["set", &value, &px],
-        )
-        .await?;
+        let args = ["set", &value, &px];
+        let write = self.override_call(self.keyspace().override_key(policy, key), &args);
+        self.marked_then(policy, key, write).await?;
         self.override_call(
             self.keyspace().overrides_list(policy),
             &["add", key.as_str(), &text],
         )
-        .await?;
+        .await
+        .map_err(StoreError::after_a_write)?;
         Ok(())
+    }
+
+    /// Marks `key` pending in `policy`'s list, then runs `write` on its
+    /// override key: back to back over one ordered connection, else one
+    /// after the other. An error after the mark landed says the store may
+    /// have changed, whatever its kind.
+    async fn marked_then(
+        &self,
+        policy: &Policy,
+        key: &Key,
+        write: impl std::future::Future<Output = Result<Value, StoreError>>,
+    ) -> Result<Value, StoreError> {
+        let args = ["add", key.as_str(), PENDING];
+        let mark = self.override_call(self.keyspace().overrides_list(policy), &args);
+        if self.connection().in_order() {
+            let (marked, written) = tokio::join!(mark, write);
+            marked?;
+            written.map_err(StoreError::after_a_write)
+        } else {
+            mark.await?;
+            write.await.map_err(StoreError::after_a_write)
+        }
     }
 
     pub(super) async fn get_caller_override(
@@ -107,33 +139,46 @@ impl RedisStore {
         let value = self
             .override_call(self.keyspace().override_key(policy, key), &["get"])
             .await?;
+        self.in_force(value)
+    }
+
+    /// The override an override key's value holds, if it is in force.
+    fn in_force(&self, value: Value) -> Result<Option<Override>, StoreError> {
         let text: Option<String> = redis::from_redis_value(value)
             .map_err(|err| StoreError::protocol(format!("override: {err}")))?;
         let Some(text) = text else { return Ok(None) };
         let o = text
             .split_once('|')
-            .and_then(|(_, o)| Override::from_text(o))
+            .and_then(|(_, o)| Override::from_stored(o))
             .ok_or_else(|| StoreError::protocol(format!("malformed override {text:?}")))?;
         let now = self.now_micros_estimate();
         Ok(o.in_force(now).then_some(o))
     }
 
+    /// Clears `key`'s override, list first as a set does: the list marks
+    /// it pending, the override key is deleted (its old value read in the
+    /// same script), then the list entry removed (three `EVALSHA`).
     pub(super) async fn clear_caller_override(
         &self,
         policy: &Policy,
         key: &Key,
     ) -> Result<bool, StoreError> {
-        let in_force = self.get_caller_override(policy, key).await?.is_some();
-        self.override_call(self.keyspace().override_key(policy, key), &["del"])
-            .await?;
+        let delete = self.override_call(self.keyspace().override_key(policy, key), &["del"]);
+        let old = self.marked_then(policy, key, delete).await?;
+        let in_force = self.in_force(old).map_err(StoreError::after_a_write)?;
         self.override_call(
             self.keyspace().overrides_list(policy),
             &["remove", key.as_str()],
         )
-        .await?;
-        Ok(in_force)
+        .await
+        .map_err(StoreError::after_a_write)?;
+        Ok(in_force.is_some())
     }
 
+    /// Every override in force: the list's confirmed entries, and for each
+    /// pending one (a write that did not finish) what its override key
+    /// holds, read from there: one `EVALSHA`, and one more per pending
+    /// entry.
     pub(super) async fn list_caller_overrides(
         &self,
         policy: &Policy,
@@ -144,11 +189,19 @@ impl RedisStore {
         let pairs: Vec<(String, String)> = redis::from_redis_value(value)
             .map_err(|err| StoreError::protocol(format!("overrides: {err}")))?;
         let now = self.now_micros_estimate();
-        Ok(pairs
-            .into_iter()
-            .filter_map(|(caller, text)| Some((Key::escaped(caller), Override::from_text(&text)?)))
-            .filter(|(_, o)| o.in_force(now))
-            .collect())
+        let mut listed = Vec::with_capacity(pairs.len());
+        for (caller, text) in pairs {
+            let key = Key::escaped(caller);
+            let found = if text == PENDING {
+                self.get_caller_override(policy, &key).await?
+            } else {
+                Override::from_stored(&text).filter(|o| o.in_force(now))
+            };
+            if let Some(o) = found {
+                listed.push((key, o));
+            }
+        }
+        Ok(listed)
     }
 
     pub(super) async fn block_caller(

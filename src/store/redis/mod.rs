@@ -318,6 +318,16 @@ impl Store for RedisStore {
         })
     }
 
+    fn peek_cost<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a Key,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        // The no-writes twin, deciding as if charging `cost`.
+        Box::pin(self.decide(policy, key, cost, true, 0))
+    }
+
     /// A decision from this server's lease of `key`, when it holds one
     /// that covers `cost` (see [`Leases`]); otherwise `None`: Redis decides.
     fn check_now(

@@ -137,7 +137,7 @@ impl LuaScript {
         // Server replies carry a code (`ERR`, `WRONGTYPE`, ...); connection
         // trouble has none.
         if err.code().is_none() {
-            return StoreError::new(kind, err);
+            return StoreError::from(err);
         }
         let line = script_line(&err.to_string());
         StoreError::new(

@@ -64,6 +64,13 @@ impl fmt::Debug for Connection {
 }
 
 impl Connection {
+    /// Whether every call goes down one connection to one server, which
+    /// runs them in the order they were sent: two calls sent back to back
+    /// need not wait for each other's answer to keep their order.
+    pub(crate) fn in_order(&self) -> bool {
+        matches!(self, Connection::Manager(_) | Connection::Multiplexed(_))
+    }
+
     /// Whether read-only calls (peeks, pre-checks) may go to replicas.
     pub(crate) fn reads_from_replicas(&self) -> bool {
         match self {

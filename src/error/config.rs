@@ -1,8 +1,5 @@
-//! Errors: bad configuration, unusable keys, store trouble, and why a peek
-//! has no answer.
-//!
-//! Being rate limited is not an error; it is a [`Decision`](crate::Decision)
-//! with `allowed == false`.
+//! [`ConfigError`]: configuration that cannot work, reported when it is
+//! built.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -10,8 +7,6 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use http::StatusCode;
-
-type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// Configuration that cannot work, reported when the layer or store is built.
 ///
@@ -272,9 +267,35 @@ pub enum ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use ConfigError::*;
         f.write_str("invalid rate limit configuration: ")?;
-        match self {
+        Reason(self).fmt(f)
+    }
+}
+
+impl ConfigError {
+    /// What is wrong, without the "invalid rate limit configuration: "
+    /// that [`Display`](fmt::Display) starts with: for an answer that says
+    /// where the mistake is itself (the admin API names the field), or a
+    /// message that wraps this one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Quota;
+    /// let err = Quota::new(0, Duration::from_secs(1)).unwrap_err();
+    /// assert_eq!(err.reason().to_string(), "limit must be at least 1");
+    /// ```
+    pub fn reason(&self) -> impl fmt::Display + '_ {
+        Reason(self)
+    }
+}
+
+/// A [`ConfigError`]'s message after its common prefix.
+struct Reason<'a>(&'a ConfigError);
+
+impl fmt::Display for Reason<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use ConfigError::*;
+        match self.0 {
             LimitZero => f.write_str("limit must be at least 1"),
             WindowTooShort { window } => {
                 write!(f, "window must be at least 1 ms, got {window:?}")
@@ -403,402 +424,5 @@ impl StdError for ConfigError {
             ConfigError::Tier { source, .. } => Some(&**source),
             _ => None,
         }
-    }
-}
-
-/// Why no key could be taken from a request.
-///
-/// The layer answers such requests with the configured key-error response
-/// (400 by default) and never asks the store.
-///
-/// ```
-/// use tollgate::KeyError;
-/// let err = KeyError::Missing("x-api-key");
-/// assert_eq!(err.to_string(), "request has no x-api-key");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyError {
-    /// The part of the request the extractor reads is absent.
-    Missing(&'static str),
-    /// The part is there but cannot be used (not UTF-8, not an address, ...).
-    Invalid(&'static str),
-    /// Any other reason, from a custom extractor.
-    Other(String),
-}
-
-impl fmt::Display for KeyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeyError::Missing(what) => write!(f, "request has no {what}"),
-            KeyError::Invalid(what) => write!(f, "request has an unusable {what}"),
-            KeyError::Other(why) => f.write_str(why),
-        }
-    }
-}
-
-impl StdError for KeyError {}
-
-/// Why an operator's change through a [`RateLimiter`](crate::RateLimiter)
-/// (an override, a block) was not made: it was invalid, and nothing was
-/// stored, or the store failed.
-///
-/// ```
-/// use std::num::NonZeroU32;
-/// use tollgate::error::AdminError;
-/// use tollgate::{ConfigError, Key, MemoryStore, Override, Policy, Quota, RateLimiter};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let q = Quota::per_hour(NonZeroU32::new(10).unwrap());
-/// let limiter = RateLimiter::new(Policy::fixed_window("api", q), MemoryStore::new()).unwrap();
-/// let err = limiter.set_override(&Key::new("ann"), Override::new(q)).await.unwrap_err();
-/// assert!(matches!(err, AdminError::Invalid(ConfigError::Override { .. })));
-/// # }
-/// ```
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum AdminError {
-    /// The change does not fit the policy; nothing was stored.
-    Invalid(ConfigError),
-    /// The store failed.
-    Store(StoreError),
-}
-
-impl fmt::Display for AdminError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AdminError::Invalid(e) => e.fmt(f),
-            AdminError::Store(e) => e.fmt(f),
-        }
-    }
-}
-
-impl StdError for AdminError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        match self {
-            AdminError::Invalid(e) => Some(e),
-            AdminError::Store(e) => Some(e),
-        }
-    }
-}
-
-impl From<ConfigError> for AdminError {
-    fn from(e: ConfigError) -> Self {
-        AdminError::Invalid(e)
-    }
-}
-
-impl From<StoreError> for AdminError {
-    fn from(e: StoreError) -> Self {
-        AdminError::Store(e)
-    }
-}
-
-/// Why [`RateLimitLayer::peek`](crate::RateLimitLayer::peek) has no answer.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum PeekError {
-    /// No key could be taken from the request.
-    Key(KeyError),
-    /// The store failed or missed the deadline.
-    Store(StoreError),
-    /// A [tiered layer](crate::TieredLayer) could not place the request in
-    /// any of its tiers, and answers such requests with a status.
-    Unplaced,
-}
-
-impl fmt::Display for PeekError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PeekError::Key(e) => e.fmt(f),
-            PeekError::Store(e) => e.fmt(f),
-            PeekError::Unplaced => f.write_str("the request fits no rate-limit tier"),
-        }
-    }
-}
-
-impl StdError for PeekError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        match self {
-            PeekError::Key(e) => Some(e),
-            PeekError::Store(e) => Some(e),
-            PeekError::Unplaced => None,
-        }
-    }
-}
-
-/// What kind of store failure happened; the failure policy treats all alike,
-/// metrics and logs tell them apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// The store did not answer before the deadline.
-    Timeout,
-    /// The store could not be reached or the connection broke.
-    Unavailable,
-    /// The store answered something this crate does not understand.
-    Protocol,
-    /// The store refused the request (script error, wrong type, ...).
-    Rejected,
-    /// The server is older than the store supports; reported at connect,
-    /// naming the version found and the one needed.
-    Unsupported,
-}
-
-impl StoreErrorKind {
-    /// A short stable name for logs and metric labels.
-    ///
-    /// ```
-    /// assert_eq!(tollgate::error::StoreErrorKind::Timeout.as_str(), "timeout");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreErrorKind::Timeout => "timeout",
-            StoreErrorKind::Unavailable => "unavailable",
-            StoreErrorKind::Protocol => "protocol",
-            StoreErrorKind::Rejected => "rejected",
-            StoreErrorKind::Unsupported => "unsupported",
-        }
-    }
-}
-
-/// A store could not decide. The cause is kept as the error's `source`.
-///
-/// ```
-/// use tollgate::StoreError;
-/// use tollgate::error::StoreErrorKind;
-/// let err = StoreError::timeout();
-/// assert_eq!(err.kind(), StoreErrorKind::Timeout);
-/// ```
-#[derive(Debug)]
-pub struct StoreError {
-    kind: StoreErrorKind,
-    source: Option<BoxError>,
-}
-
-impl StoreError {
-    /// An error of `kind` caused by `source`.
-    ///
-    /// ```
-    /// use tollgate::StoreError;
-    /// use tollgate::error::StoreErrorKind;
-    /// let err = StoreError::new(StoreErrorKind::Unavailable, "connection refused");
-    /// assert_eq!(err.kind(), StoreErrorKind::Unavailable);
-    /// assert_eq!(err.to_string(), "rate limit store unavailable: connection refused");
-    /// ```
-    pub fn new(kind: StoreErrorKind, source: impl Into<BoxError>) -> Self {
-        Self {
-            kind,
-            source: Some(source.into()),
-        }
-    }
-
-    /// The deadline passed before the store answered.
-    ///
-    /// ```
-    /// use std::error::Error;
-    /// use tollgate::StoreError;
-    /// let err = StoreError::timeout();
-    /// assert_eq!(err.to_string(), "rate limit store timeout");
-    /// assert!(err.source().is_none());
-    /// ```
-    pub fn timeout() -> Self {
-        Self {
-            kind: StoreErrorKind::Timeout,
-            source: None,
-        }
-    }
-
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    /// The store ran the call after its deadline and charged nothing.
-    pub(crate) fn late() -> Self {
-        Self::new(
-            StoreErrorKind::Timeout,
-            "reached the store after its deadline; nothing was charged",
-        )
-    }
-
-    /// The store failed moments ago and is being given time to recover.
-    pub(crate) fn cooling_down() -> Self {
-        Self::new(
-            StoreErrorKind::Unavailable,
-            "skipped: the store failed within the cooldown",
-        )
-    }
-
-    /// The answer could not be understood.
-    ///
-    /// ```
-    /// use tollgate::StoreError;
-    /// use tollgate::error::StoreErrorKind;
-    /// let err = StoreError::protocol("expected 3 integers");
-    /// assert_eq!(err.kind(), StoreErrorKind::Protocol);
-    /// assert_eq!(err.to_string(), "rate limit store protocol: expected 3 integers");
-    /// ```
-    pub fn protocol(why: impl Into<String>) -> Self {
-        Self::new(StoreErrorKind::Protocol, why.into())
-    }
-
-    /// What went wrong, broadly.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.source {
-            Some(source) => write!(f, "rate limit store {}: {source}", self.kind.as_str()),
-            None => write!(f, "rate limit store {}", self.kind.as_str()),
-        }
-    }
-}
-
-impl StdError for StoreError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
-    }
-}
-
-#[cfg(feature = "redis")]
-impl From<redis::RedisError> for StoreError {
-    fn from(err: redis::RedisError) -> Self {
-        Self::new(StoreErrorKind::of(&err), err)
-    }
-}
-
-#[cfg(feature = "redis")]
-impl StoreErrorKind {
-    /// What kind of failure a redis-rs error is.
-    pub(crate) fn of(err: &redis::RedisError) -> Self {
-        if err.is_timeout() {
-            StoreErrorKind::Timeout
-        } else if err.is_io_error()
-            || err.is_connection_dropped()
-            || err.is_connection_refusal()
-            || err.is_unrecoverable_error()
-        {
-            StoreErrorKind::Unavailable
-        } else {
-            StoreErrorKind::Rejected
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{Policy, Quota, RateLimitLayer, Strategy, TieredLayer};
-
-    fn quota(limit: u32, secs: u64) -> Quota {
-        Quota::new(limit, Duration::from_secs(secs)).unwrap()
-    }
-
-    #[test]
-    fn the_constructors_report_variants_a_caller_can_match() {
-        let err = Quota::new(0, Duration::from_secs(1)).unwrap_err();
-        assert_eq!(err, ConfigError::LimitZero);
-        let err = Quota::new(1, Duration::from_micros(10)).unwrap_err();
-        assert_eq!(
-            err,
-            ConfigError::WindowTooShort {
-                window: Duration::from_micros(10)
-            }
-        );
-        assert_eq!(
-            err.to_string(),
-            "invalid rate limit configuration: window must be at least 1 ms, got 10µs"
-        );
-
-        let err = Policy::fixed_window("bad name", quota(1, 1))
-            .validate()
-            .unwrap_err();
-        assert!(matches!(&err, ConfigError::PolicyName { name } if name == "bad name"));
-        assert_eq!(
-            err.to_string(),
-            "invalid rate limit configuration: policy name \"bad name\" must be 1-64 characters of [A-Za-z0-9-_./]"
-        );
-
-        let burst = NonZeroU32::new(2).unwrap();
-        let err = Policy::gcra("g", quota(2_000_000, 1), burst)
-            .validate()
-            .unwrap_err();
-        assert_eq!(
-            err,
-            ConfigError::QuotaTooFast {
-                limit: 2_000_000,
-                window: Duration::from_secs(1)
-            }
-        );
-
-        let err = Policy::gcra("g", quota(1, 1), burst)
-            .and(quota(5, 60))
-            .validate()
-            .unwrap_err();
-        assert!(matches!(
-            &err,
-            ConfigError::TooManyQuotas { strategy: "gcra", policy, max: 1, got: 2 } if policy == "g"
-        ));
-        assert_eq!(
-            err.to_string(),
-            "invalid rate limit configuration: strategy gcra takes at most 1 quota(s), policy \"g\" has 2"
-        );
-
-        let err = Policy::new("gate", Strategy::UniformGate, quota(2, 10))
-            .validate()
-            .unwrap_err();
-        assert_eq!(err, ConfigError::UniformGateLimit { limit: 2 });
-
-        let err = crate::PeerIp::new().ipv6_prefix(0).unwrap_err();
-        assert_eq!(err, ConfigError::Ipv6Prefix { bits: 0 });
-    }
-
-    #[test]
-    fn layer_mistakes_are_variants_too() {
-        let err = RateLimitLayer::builder().build().unwrap_err();
-        assert_eq!(err, ConfigError::NoPolicy);
-        assert_eq!(
-            err.to_string(),
-            "invalid rate limit configuration: a policy is required: call .policy(..)"
-        );
-        let err = RateLimitLayer::builder()
-            .policy(Policy::fixed_window("core", quota(1, 1)))
-            .limited_status(http::StatusCode::OK)
-            .build()
-            .unwrap_err();
-        assert_eq!(
-            err,
-            ConfigError::StatusNotAnError {
-                what: "limited",
-                status: http::StatusCode::OK
-            }
-        );
-        assert_eq!(
-            err.to_string(),
-            "invalid rate limit configuration: the limited status must be a 4xx or 5xx, got 200 OK"
-        );
-    }
-
-    #[test]
-    fn a_tier_keeps_its_layers_error_as_the_source() {
-        let err = TieredLayer::builder()
-            .tier(RateLimitLayer::builder())
-            .choose(|_| None)
-            .build()
-            .unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::Tier { tier: 1, source } if **source == ConfigError::NoPolicy)
-        );
-        assert_eq!(
-            err.source().map(ToString::to_string),
-            Some(ConfigError::NoPolicy.to_string())
-        );
-        // Today's message, the inner one repeated whole.
-        assert_eq!(
-            err.to_string(),
-            "invalid rate limit configuration: tier 1: \
-             invalid rate limit configuration: a policy is required: call .policy(..)"
-        );
     }
 }
