@@ -18,6 +18,7 @@ use crate::policy_limits::{PolicyLimit, PolicyLimits};
 use crate::store::Store;
 
 mod checks;
+mod together;
 use checks::{check_override, check_policy_limit};
 
 /// A cheap, cloneable handle on one policy's limits: `check`, `peek`,

@@ -54,7 +54,7 @@
 //!
 //! | route | does | Redis |
 //! |---|---|---|
-//! | `GET /policies`, `GET /policies/{policy}` | the policies as built (strategy, quotas, overridable, penalty box) and an adjustable one's runtime limit and cap | 1 `EVALSHA` per adjustable policy, all at once; in the list, a policy whose read failed shows `"runtime_error"` and the others are answered |
+//! | `GET /policies`, `GET /policies/{policy}` | the policies as built (strategy, quotas, overridable, penalty box) and an adjustable one's runtime limit and cap | the list: 1 `EVALSHA` (`HGETALL` of the hash all runtime limits live in) per store its policies share, within the deadline; a policy whose read failed shows `"runtime_error"` and other stores' policies are answered. One policy: 1 `EVALSHA` |
 //! | `GET /policies/{policy}/overrides` | every override in force, by the caller's key as stored | 1 `EVALSHA` |
 //! | `GET`, `PUT`, `DELETE /policies/{policy}/overrides/caller?..` | the caller's override: read, set (`{"limit": N}` or `{"quotas": [..]}`, optionally `"until"`), clear | 1, 3, 3 `EVALSHA` |
 //! | `PUT`, `DELETE /policies/{policy}/block?..` | block the caller (`{"seconds": N}`), unblock it (counters kept) | 1 `EVALSHA` |

@@ -82,46 +82,42 @@ pub(super) async fn wrong_method() -> ApiError {
 /// A route's answer: one of the shapes in `view.rs`, or an error.
 type Answer<T> = Result<Json<T>, ApiError>;
 
-/// Every policy. The adjustable ones' runtime limits are read at once,
-/// each within the store's deadline, so the list costs one deadline at
-/// most; a policy whose read failed is shown as built, with
-/// `"runtime": null` and `"runtime_error"` saying why, and the others are
-/// not held back by it.
+/// Every policy. The adjustable ones' runtime limits are read together:
+/// one store call per store they share (on Redis one `EVALSHA` for the
+/// whole list, the hash every policy's limits live in), each within its
+/// deadline; a policy whose read failed is shown as built, with
+/// `"runtime": null` and `"runtime_error"` saying why, and the policies of
+/// other stores are not held back by it.
 async fn list_policies(
     _: NoQuery,
     axum::extract::State(api): axum::extract::State<Api>,
 ) -> Answer<view::Policies> {
-    let mut reads = tokio::task::JoinSet::new();
-    for (at, limiter) in api.policies.values().enumerate() {
-        let limiter = limiter.clone();
-        reads.spawn(async move { (at, runtime_of(&limiter).await) });
-    }
-    let mut runtimes: Vec<Option<Result<Option<PolicyLimits>, ApiError>>> =
-        (0..api.policies.len()).map(|_| None).collect();
-    while let Some(read) = reads.join_next().await {
-        let (at, runtime) = read.map_err(|err| {
-            ApiError::read_failed(&crate::error::StoreError::new(
-                crate::error::StoreErrorKind::Unavailable,
-                err,
-            ))
-        })?;
-        runtimes[at] = Some(runtime);
-    }
+    let adjustable: Vec<&RateLimiter> = api
+        .policies
+        .values()
+        .filter(|l| l.policy().is_adjustable())
+        .collect();
+    let mut read = RateLimiter::policy_limits_of(&adjustable).await.into_iter();
     let policies: Vec<view::PolicyView> = api
         .policies
         .values()
-        .zip(runtimes)
-        .map(|(limiter, runtime)| match runtime {
-            Some(Ok(runtime)) => view::policy(limiter, &runtime),
-            Some(Err(err)) => {
-                let mut shown = view::policy(limiter, &None);
-                shown.runtime_error = Some(view::ReadError {
-                    status: err.status().as_u16(),
-                    message: err.message().to_owned(),
-                });
-                shown
+        .map(|limiter| {
+            if !limiter.policy().is_adjustable() {
+                return view::policy(limiter, &None);
             }
-            None => view::policy(limiter, &None),
+            match read.next() {
+                Some(Ok(runtime)) => view::policy(limiter, &Some(runtime)),
+                Some(Err(err)) => {
+                    let err = ApiError::read_failed(&err);
+                    let mut shown = view::policy(limiter, &None);
+                    shown.runtime_error = Some(view::ReadError {
+                        status: err.status().as_u16(),
+                        message: err.message().to_owned(),
+                    });
+                    shown
+                }
+                None => view::policy(limiter, &None),
+            }
         })
         .collect();
     Ok(Json(view::Policies { policies }))

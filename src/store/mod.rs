@@ -408,6 +408,36 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Box::pin(async { Ok(PolicyLimits::default()) })
     }
 
+    /// The runtime limits of each of `policies`, in their order, read
+    /// together: on Redis one `EVALSHA` (an `HGETALL` of the one hash every
+    /// policy's limits live in), however many they are. The default reads
+    /// each in turn with [`policy_limits`](Self::policy_limits).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::num::NonZeroU32;
+    /// use tollgate::{MemoryStore, Override, Policy, PolicyLimit, Quota, Store};
+    /// let per_min = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+    /// let (core, search) = (Policy::fixed_window("core", per_min(100)), Policy::fixed_window("search", per_min(50)));
+    /// let store = MemoryStore::new();
+    /// store.set_policy_limit(&search, PolicyLimit::Limit, Some(&Override::new(per_min(5)))).await.unwrap();
+    /// let both = store.policies_limits(&[&core, &search]).await.unwrap();
+    /// assert_eq!((both[0].limit.is_none(), both[1].limit.is_some()), (true, true));
+    /// # }
+    /// ```
+    fn policies_limits<'a>(
+        &'a self,
+        policies: &'a [&'a Policy],
+    ) -> BoxFuture<'a, Result<Vec<PolicyLimits>, StoreError>> {
+        Box::pin(async move {
+            let mut all = Vec::with_capacity(policies.len());
+            for policy in policies {
+                all.push(self.policy_limits(policy).await?);
+            }
+            Ok(all)
+        })
+    }
+
     /// Sets (`Some`) or clears (`None`) one of `policy`'s runtime limits
     /// (see [`PolicyLimits`]), for every caller on every app server; an
     /// [adjustable](Policy::adjustable) policy is judged by them. On
@@ -538,6 +568,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn policy_in_force(&self, policy: &Policy) -> Option<Arc<Policy>> {
         (**self).policy_in_force(policy)
+    }
+
+    fn policies_limits<'a>(
+        &'a self,
+        policies: &'a [&'a Policy],
+    ) -> BoxFuture<'a, Result<Vec<PolicyLimits>, StoreError>> {
+        (**self).policies_limits(policies)
     }
 
     fn policy_limits_version(&self) -> u64 {

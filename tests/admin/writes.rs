@@ -267,3 +267,57 @@ async fn a_read_redis_holds_fails_its_policy_in_the_list_not_the_list() {
         }
     }
 }
+
+/// `GET /policies` reads the runtime limits of every adjustable policy on
+/// one store in one call: they live in one hash. Three adjustable
+/// policies on one Redis, one of them with a limit set: one `EVALSHA` for
+/// the list, and each shows its own limits.
+#[tokio::test]
+async fn the_list_reads_every_runtime_limit_of_one_store_in_one_call() {
+    use tollgate::admin::AdminApi;
+    use tollgate::{Override, Policy, Quota, RateLimitLayer};
+    let redis = RedisServer::start();
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url()).await.unwrap());
+    let per_hour = |n| Quota::per_hour(std::num::NonZeroU32::new(n).unwrap());
+    let layers: Vec<RateLimitLayer> = ["search", "upload", "login"]
+        .into_iter()
+        .map(|name| {
+            RateLimitLayer::builder()
+                .policy(Policy::fixed_window(name, per_hour(100)).adjustable())
+                .shared_store(store.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    layers[1]
+        .limiter()
+        .set_policy_limit(Override::new(per_hour(7)))
+        .await
+        .unwrap();
+    let admin = layers
+        .iter()
+        .fold(AdminApi::new(), |api, layer| api.layer(layer))
+        .router();
+    let (status, _) = call(&admin, &Method::GET, "/policies", None).await;
+    assert_eq!(status, StatusCode::OK, "loads the script");
+    let before = crate::support::redis::evalsha_calls(&redis);
+    let (status, list) = call(&admin, &Method::GET, "/policies", None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(
+        crate::support::redis::evalsha_calls(&redis) - before,
+        1,
+        "one call for three policies"
+    );
+    let limit_of = |name: &str| {
+        list["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["runtime"]["limit"]
+            .clone()
+    };
+    assert_eq!(limit_of("upload")["quotas"][0]["limit"], json!(7), "{list}");
+    assert_eq!(limit_of("search"), Value::Null, "{list}");
+    assert_eq!(limit_of("login"), Value::Null, "{list}");
+}

@@ -276,6 +276,13 @@ impl Store for RedisStore {
         Box::pin(self.fresh_policy_limits(policy))
     }
 
+    fn policies_limits<'a>(
+        &'a self,
+        policies: &'a [&'a Policy],
+    ) -> BoxFuture<'a, Result<Vec<PolicyLimits>, StoreError>> {
+        Box::pin(self.fresh_policies_limits(policies))
+    }
+
     fn set_policy_limit<'a>(
         &'a self,
         policy: &'a Policy,

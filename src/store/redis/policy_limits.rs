@@ -70,6 +70,26 @@ impl RedisStore {
         Ok(limits.in_force(self.now_micros_estimate()))
     }
 
+    /// Each of `policies`' limits as Redis holds them now, from one read of
+    /// the hash.
+    pub(super) async fn fresh_policies_limits(
+        &self,
+        policies: &[&Policy],
+    ) -> Result<Vec<PolicyLimits>, StoreError> {
+        let all = self.read_policy_limits().await?;
+        let now = self.now_micros_estimate();
+        Ok(policies
+            .iter()
+            .map(|policy| {
+                let owner = (
+                    policy.name().to_owned(),
+                    policy.strategy().as_str().to_owned(),
+                );
+                all.get(&owner).cloned().unwrap_or_default().in_force(now)
+            })
+            .collect())
+    }
+
     /// One `HSET` (or `HDEL`) of the hash; this server applies it at once.
     pub(super) async fn write_policy_limit(
         &self,
