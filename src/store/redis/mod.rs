@@ -320,6 +320,10 @@ impl Store for RedisStore {
             return Box::pin(self.decide(policy, key, 0, true, 0));
         }
         Box::pin(async move {
+            // A lease granted under other quotas is not spent by requests
+            // judged by these: it goes back first, as a request's would,
+            // so the peek counts its units in the quotas in force.
+            self.end_stale_lease(policy, key).await;
             let decision = self.decide(policy, key, 0, true, 0).await?;
             Ok(self.with_lease_in_hand(policy, key, decision))
         })

@@ -120,6 +120,19 @@ impl RedisStore {
         }
     }
 
+    /// Ends `key`'s lease when it was granted under other quotas than
+    /// `policy`'s, giving its units back (see [`end_lease`](Self::end_lease)).
+    pub(super) async fn end_stale_lease(&self, policy: &Policy, key: &Key) {
+        if self
+            .inner
+            .leases
+            .as_ref()
+            .is_some_and(|table| table.stale(policy, key))
+        {
+            self.end_lease(policy, key).await;
+        }
+    }
+
     /// A peek's decision with this server's unspent lease counted as
     /// remaining, as a decision from the lease would show it.
     pub(super) fn with_lease_in_hand(

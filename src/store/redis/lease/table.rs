@@ -465,6 +465,16 @@ impl LeaseTable {
         entry.lease.take()?.returning(key.clone(), now)
     }
 
+    /// Whether `key` holds a lease granted under other quotas than
+    /// `policy`'s (the policy in force changed since).
+    pub(crate) fn stale(&self, policy: &Policy, key: &Key) -> bool {
+        let shard = self.shard(key);
+        shard
+            .get(&Self::name_ref(policy, key))
+            .and_then(|e| e.lease.as_ref())
+            .is_some_and(|l| !l.is_under(policy))
+    }
+
     /// Units of `key`'s lease still unspent at `now`.
     pub(crate) fn unspent(&self, policy: &Policy, key: &Key, now: u64) -> u64 {
         let shard = self.shard(key);
