@@ -83,6 +83,14 @@ impl Overrides {
     }
 }
 
+/// `policy` with `overridden`'s quotas in force; `None` without one, or
+/// for one above an operator's cap, which is set aside while it lasts.
+fn with_override(policy: &Policy, overridden: Option<&Override>) -> Option<Policy> {
+    overridden
+        .filter(|o| policy.cap().is_none_or(|cap| !o.exceeds(cap)))
+        .map(|o| policy.with_quotas(o.shared_quotas().clone()))
+}
+
 /// What a request of `cost` units would be told, as a dry run (nothing
 /// written, no strike counted, as `lua/caller.lua` dry-runs it): judged by
 /// `overridden`'s quotas when given (unless above the cap), and held by a
@@ -95,9 +103,8 @@ pub(crate) fn dry_run(
     now: u64,
     cost: u64,
 ) -> Decision {
-    let overridden = overridden.filter(|o| policy.cap().is_none_or(|cap| !o.exceeds(cap)));
-    let judged = overridden.map(|o| policy.with_quotas(o.shared_quotas().clone()));
-    let policy = judged.as_ref().unwrap_or(policy);
+    let in_force = with_override(policy, overridden);
+    let policy = in_force.as_ref().unwrap_or(policy);
     let decision = shard.dry_run(keys.iter(), |shard| {
         policy
             .strategy()
@@ -127,16 +134,8 @@ pub(crate) fn decide(
     now: u64,
     cost: u64,
 ) -> Decision {
-    // An override above an operator's cap is set aside while it lasts.
-    let overridden = overridden.filter(|o| policy.cap().is_none_or(|cap| !o.exceeds(cap)));
-    let in_force;
-    let policy = match overridden {
-        Some(o) => {
-            in_force = policy.with_quotas(o.shared_quotas().clone());
-            &in_force
-        }
-        None => policy,
-    };
+    let in_force = with_override(policy, overridden);
+    let policy = in_force.as_ref().unwrap_or(policy);
     let algorithm = policy.strategy().algorithm();
     let Some(penalty) = policy.penalty_box() else {
         return algorithm.decide(policy, shard, keys, now, cost);
