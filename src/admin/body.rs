@@ -1,11 +1,16 @@
-//! The JSON bodies the admin API takes, read field by field so that a bad
-//! one is refused naming its field: an override (`{"limit": N}` or
-//! `{"quotas": [{"limit": N, "window_secs": S}, ..]}`, either with
-//! `"until"`, Unix seconds) and a block (`{"seconds": N}`).
+//! The JSON bodies the admin API takes, one Rust type each, read with
+//! serde: an override (`{"limit": N}` or `{"quotas": [{"limit": N,
+//! "window_secs": S}, ..]}`, either with `"until"`, Unix seconds, and a
+//! `"note"`) and a block (`{"seconds": N}`). Unknown fields are refused,
+//! `null` is taken wherever GET shows it, and a bad body is refused naming
+//! its field by its path (`quotas[1].limit`, through `serde_path_to_error`).
+//! What depends on the policy (how many quotas) or on the time (an end to
+//! come) is checked after, in [`override_of`].
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::{Map, Value};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use super::error::ApiError;
 use crate::overrides::Override;
@@ -18,67 +23,145 @@ pub(super) const MAX_BLOCK_SECS: u64 = 366 * 24 * 3600;
 /// The latest end an override takes: the last second of the year 9999.
 const MAX_UNTIL_SECS: u64 = 253_402_300_799;
 
-/// The fields of a JSON object body, or why it is not one.
-pub(super) fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice(body) {
-        Ok(Value::Object(fields)) => Ok(fields),
-        Ok(_) => Err(ApiError::invalid("body", "must be a JSON object")),
-        Err(err) => Err(ApiError::invalid("body", format!("is not JSON: {err}"))),
-    }
+/// `PUT .../overrides/caller`, `.../limit` and `.../cap`: the policy's one
+/// limit, or every quota in its order; an end; a note.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OverrideBody {
+    #[serde(default, deserialize_with = "present")]
+    limit: Option<Limit>,
+    #[serde(default, deserialize_with = "present")]
+    quotas: Option<Vec<QuotaBody>>,
+    /// Absent or `null` (as GET shows it): no end.
+    #[serde(default)]
+    until: Option<Until>,
+    /// Absent or `null`: none.
+    #[serde(default)]
+    note: Option<String>,
 }
 
-/// Refuses a field other than `known`, so a misspelt one is not ignored.
-fn only(fields: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
-    match fields.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(unknown) => Err(ApiError::invalid(
-            unknown,
-            format!("is not a field here; the fields are {}", known.join(", ")),
-        )),
-        None => Ok(()),
-    }
+/// One quota of `"quotas"`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaBody {
+    #[serde(default, deserialize_with = "present")]
+    limit: Option<Limit>,
+    #[serde(default, deserialize_with = "present")]
+    window_secs: Option<WindowSecs>,
 }
 
-/// `value` as a whole number from `min` to `max`, or why not, for `field`.
-fn whole(field: &str, value: &Value, min: u64, max: u64) -> Result<u64, ApiError> {
+/// `PUT .../block`: how long, 1 s to 366 days.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BlockBody {
+    #[serde(default, deserialize_with = "present")]
+    seconds: Option<BlockSecs>,
+}
+
+/// A field that is there, `null` included (which its type then refuses
+/// or takes), as opposed to absent.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A quota's limit: a whole number from 1 to 4294967295.
+#[derive(Debug)]
+struct Limit(u32);
+
+/// A quota's window: seconds above 0.
+#[derive(Debug)]
+struct WindowSecs(Duration);
+
+/// An end: Unix seconds, whole or to the microsecond (as GET shows it).
+#[derive(Debug)]
+struct Until(SystemTime);
+
+/// A block's length: whole seconds, 1 to [`MAX_BLOCK_SECS`].
+#[derive(Debug)]
+struct BlockSecs(u64);
+
+/// Each is read from any JSON value, so that what is wrong with it is said
+/// in our words ("must be at least 1, got 0"), not serde's.
+macro_rules! read_as {
+    ($ty:ident, $read:expr) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let value = Value::deserialize(d)?;
+                $read(&value).map($ty).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+read_as!(Limit, |v: &Value| whole(v, 1, u64::from(u32::MAX))
+    .map(|n| u32::try_from(n).unwrap_or(u32::MAX)));
+read_as!(BlockSecs, |v: &Value| whole(v, 1, MAX_BLOCK_SECS));
+read_as!(WindowSecs, |v: &Value| v
+    .as_f64()
+    .filter(|s| s.is_finite() && *s > 0.0)
+    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+    .ok_or_else(|| format!(
+        "must be a number of seconds above 0, got {v}"
+    )));
+read_as!(Until, until);
+
+/// `value` as a whole number from `min` to `max`, or what is wrong with it.
+fn whole(value: &Value, min: u64, max: u64) -> Result<u64, String> {
     let n = match value {
         Value::Number(n) => n,
-        Value::String(_) => return Err(ApiError::invalid(field, "must be a number, not a string")),
-        other => {
-            return Err(ApiError::invalid(
-                field,
-                format!("must be a whole number, got {other}"),
-            ))
-        }
+        Value::String(_) => return Err("must be a number, not a string".into()),
+        other => return Err(format!("must be a whole number, got {other}")),
     };
     if let Some(n) = n.as_u64() {
         return match n {
-            n if n < min => Err(ApiError::invalid(
-                field,
-                format!("must be at least {min}, got {n}"),
-            )),
-            n if n > max => Err(ApiError::invalid(
-                field,
-                format!("must be at most {max}, got {n}"),
-            )),
+            n if n < min => Err(format!("must be at least {min}, got {n}")),
+            n if n > max => Err(format!("must be at most {max}, got {n}")),
             n => Ok(n),
         };
     }
     if n.as_i64().is_some() {
-        return Err(ApiError::invalid(
-            field,
-            format!("must be at least {min}, got {n}"),
-        ));
+        return Err(format!("must be at least {min}, got {n}"));
     }
     match n.as_f64() {
-        Some(f) if f.fract() != 0.0 => Err(ApiError::invalid(
-            field,
-            format!("must be a whole number, got {n}"),
-        )),
-        _ => Err(ApiError::invalid(
-            field,
-            format!("must be a whole number from {min} to {max}, got {n}"),
+        Some(f) if f.fract() != 0.0 => Err(format!("must be a whole number, got {n}")),
+        _ => Err(format!(
+            "must be a whole number from {min} to {max}, got {n}"
         )),
     }
+}
+
+/// An end in Unix seconds: whole, or fractional to the microsecond (an
+/// override keeps its end in whole microseconds, so what GET showed reads
+/// back to the same end).
+fn until(value: &Value) -> Result<SystemTime, String> {
+    match value {
+        Value::Number(n) if n.as_u64().is_none() && n.as_f64().is_some_and(|f| f > 0.0) => {
+            let micros = (n.as_f64().unwrap_or(0.0) * 1e6).round();
+            if micros > (MAX_UNTIL_SECS * 1_000_000) as f64 {
+                return Err(format!("must be at most {MAX_UNTIL_SECS}, got {n}"));
+            }
+            Ok(UNIX_EPOCH + Duration::from_micros(micros as u64))
+        }
+        _ => Ok(UNIX_EPOCH + Duration::from_secs(whole(value, 1, MAX_UNTIL_SECS)?)),
+    }
+}
+
+/// `body` as a `T`: a JSON object, or a 400 naming the field by its path.
+fn read<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    let value = match serde_json::from_slice(body) {
+        Ok(value @ Value::Object(_)) => value,
+        Ok(_) => return Err(ApiError::invalid("body", "must be a JSON object")),
+        Err(err) => return Err(ApiError::invalid("body", format!("is not JSON: {err}"))),
+    };
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let field = err.path().to_string();
+        let field = if field == "." {
+            "body".to_owned()
+        } else {
+            field
+        };
+        ApiError::invalid(&field, err.into_inner().to_string())
+    })
 }
 
 /// The override a `PUT .../overrides/caller` body asks for under `policy`,
@@ -91,9 +174,8 @@ pub(super) fn override_of(
     policy: &Policy,
     now: SystemTime,
 ) -> Result<(Override, &'static str), ApiError> {
-    let fields = object(body)?;
-    only(&fields, &["limit", "quotas", "until", "note"])?;
-    let (quotas, field) = match (fields.get("limit"), fields.get("quotas")) {
+    let body: OverrideBody = read(body)?;
+    let (quotas, field) = match (body.limit, body.quotas) {
         (Some(limit), None) => (vec![limit_of(limit, policy)?], "limit"),
         (None, Some(quotas)) => (quotas_of(quotas, policy)?, "quotas"),
         (Some(_), Some(_)) => {
@@ -114,72 +196,30 @@ pub(super) fn override_of(
         .next()
         .ok_or_else(|| ApiError::invalid("quotas", "is empty"))?;
     let mut o = quotas.fold(Override::new(first), Override::and);
-    if let Some(at) = until_of(fields.get("until"), now)? {
+    if let Some(Until(at)) = body.until {
+        if at <= now {
+            let secs = at
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64();
+            return Err(ApiError::invalid(
+                "until",
+                format!("{secs} is in the past: give a time to come, in Unix seconds"),
+            ));
+        }
         o = o.until(at);
     }
-    if let Some(note) = note_of(fields.get("note"))? {
+    if let Some(note) = body.note {
         o = o.with_note(note);
+        if let Some(why) = o.note_problem() {
+            return Err(ApiError::invalid("note", why));
+        }
     }
     Ok((o, field))
 }
 
-/// `"note"`: free text kept with the override, at most
-/// [`Override::MAX_NOTE_CHARS`] characters and no control character; absent
-/// or `null` (as GET shows none) for none.
-fn note_of(note: Option<&Value>) -> Result<Option<&str>, ApiError> {
-    let note = match note {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(note)) => note,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "note",
-                format!("must be a string or null, got {other}"),
-            ))
-        }
-    };
-    if let Some(why) = Override::new(Quota::per_second(std::num::NonZeroU32::MIN))
-        .with_note(note)
-        .note_problem()
-    {
-        return Err(ApiError::invalid("note", why));
-    }
-    Ok(Some(note))
-}
-
-/// `"until"`: Unix seconds to come (fractional as GET shows an end set to
-/// the microsecond), or absent or `null` (as GET shows it) for no end.
-fn until_of(until: Option<&Value>, now: SystemTime) -> Result<Option<SystemTime>, ApiError> {
-    let until = match until {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) if n.as_u64().is_none() && n.as_f64().is_some_and(|f| f > 0.0) => {
-            // Whole microseconds, as an override keeps its end: what GET
-            // showed reads back to the same end.
-            let micros = (n.as_f64().unwrap_or(0.0) * 1e6).round();
-            if micros > (MAX_UNTIL_SECS * 1_000_000) as f64 {
-                return Err(ApiError::invalid(
-                    "until",
-                    format!("must be at most {MAX_UNTIL_SECS}, got {n}"),
-                ));
-            }
-            UNIX_EPOCH + Duration::from_micros(micros as u64)
-        }
-        Some(until) => UNIX_EPOCH + Duration::from_secs(whole("until", until, 1, MAX_UNTIL_SECS)?),
-    };
-    if until <= now {
-        let secs = until
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        return Err(ApiError::invalid(
-            "until",
-            format!("{secs} is in the past: give a time to come, in Unix seconds"),
-        ));
-    }
-    Ok(Some(until))
-}
-
 /// `{"limit": N}`: the policy's one quota with another limit.
-fn limit_of(limit: &Value, policy: &Policy) -> Result<Quota, ApiError> {
+fn limit_of(Limit(limit): Limit, policy: &Policy) -> Result<Quota, ApiError> {
     let [quota] = policy.quotas() else {
         return Err(ApiError::invalid(
             "limit",
@@ -190,89 +230,50 @@ fn limit_of(limit: &Value, policy: &Policy) -> Result<Quota, ApiError> {
             ),
         ));
     };
-    let n = whole("limit", limit, 1, u64::from(u32::MAX))?;
-    quota_of("limit", n, quota.window())
+    quota_of("limit", limit, quota.window())
 }
 
 /// `{"quotas": [{"limit": N, "window_secs": S}, ..]}`, as many as the
 /// policy has.
-fn quotas_of(quotas: &Value, policy: &Policy) -> Result<Vec<Quota>, ApiError> {
-    let Value::Array(items) = quotas else {
-        return Err(ApiError::invalid(
-            "quotas",
-            "must be an array of {\"limit\", \"window_secs\"}",
-        ));
-    };
-    if items.len() != policy.quotas().len() {
+fn quotas_of(quotas: Vec<QuotaBody>, policy: &Policy) -> Result<Vec<Quota>, ApiError> {
+    if quotas.len() != policy.quotas().len() {
         return Err(ApiError::invalid(
             "quotas",
             format!(
                 "policy {:?} has {} quota(s), the body {}",
                 policy.name(),
                 policy.quotas().len(),
-                items.len()
+                quotas.len()
             ),
         ));
     }
-    let mut out = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let at = |name: &str| format!("quotas[{i}].{name}");
-        let Value::Object(fields) = item else {
-            return Err(ApiError::invalid(
-                &format!("quotas[{i}]"),
-                "must be an object",
-            ));
-        };
-        if let Some(unknown) = fields
-            .keys()
-            .find(|k| !matches!(k.as_str(), "limit" | "window_secs"))
-        {
-            return Err(ApiError::invalid(
-                &at(unknown),
-                "is not a field here; the fields are limit, window_secs",
-            ));
-        }
-        let limit = fields
-            .get("limit")
-            .ok_or_else(|| ApiError::invalid(&at("limit"), "is missing"))?;
-        let limit = whole(&at("limit"), limit, 1, u64::from(u32::MAX))?;
-        let window = fields
-            .get("window_secs")
-            .ok_or_else(|| ApiError::invalid(&at("window_secs"), "is missing"))?;
-        let window = window
-            .as_f64()
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .and_then(|s| Duration::try_from_secs_f64(s).ok())
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    &at("window_secs"),
-                    format!("must be a number of seconds above 0, got {window}"),
-                )
-            })?;
-        out.push(quota_of(&at("window_secs"), limit, window)?);
-    }
-    Ok(out)
+    quotas
+        .into_iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let at = |name: &str| format!("quotas[{i}].{name}");
+            let Limit(limit) = q
+                .limit
+                .ok_or_else(|| ApiError::invalid(&at("limit"), "is missing"))?;
+            let WindowSecs(window) = q
+                .window_secs
+                .ok_or_else(|| ApiError::invalid(&at("window_secs"), "is missing"))?;
+            quota_of(&at("window_secs"), limit, window)
+        })
+        .collect()
 }
 
-fn quota_of(field: &str, limit: u64, window: Duration) -> Result<Quota, ApiError> {
-    let limit =
-        u32::try_from(limit).map_err(|_| ApiError::invalid(field, "is above 4294967295"))?;
+fn quota_of(field: &str, limit: u32, window: Duration) -> Result<Quota, ApiError> {
     Quota::new(limit, window).map_err(|err| ApiError::invalid(field, err.reason().to_string()))
 }
 
 /// The block a `PUT .../block` body asks for: `{"seconds": N}`, 1 s to 366 days.
 pub(super) fn block_of(body: &[u8]) -> Result<Duration, ApiError> {
-    let fields = object(body)?;
-    only(&fields, &["seconds"])?;
-    let seconds = fields
-        .get("seconds")
+    let body: BlockBody = read(body)?;
+    let BlockSecs(seconds) = body
+        .seconds
         .ok_or_else(|| ApiError::invalid("seconds", "is missing: how long to block, in seconds"))?;
-    Ok(Duration::from_secs(whole(
-        "seconds",
-        seconds,
-        1,
-        MAX_BLOCK_SECS,
-    )?))
+    Ok(Duration::from_secs(seconds))
 }
 
 #[cfg(test)]
