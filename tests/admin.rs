@@ -1232,3 +1232,16 @@ async fn request_bodies_are_taken_exactly_when_the_document_says_they_fit() {
         );
     }
 }
+
+/// The `X-RateLimit-Limit` a request of `who` (its `X-Api-Key`) is told.
+pub(crate) async fn limit_told(app: &App, who: &str) -> String {
+    let request = Request::get("/")
+        .header("x-api-key", who)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.router.clone().oneshot(request).await.unwrap();
+    response.headers()["x-ratelimit-limit"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}

@@ -4,28 +4,14 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tollgate::{MemoryStore, RedisStore, Store};
-use tower::ServiceExt;
 
-use super::{app, call, App};
+use super::{app, call, limit_told};
 use crate::support::redis::RedisServer;
 
 const ACME: &str = "/admin/policies/api/overrides/caller?api_key=acme";
-
-async fn limit_told(app: &App) -> String {
-    let request = Request::get("/")
-        .header("x-api-key", "acme")
-        .body(Body::empty())
-        .unwrap();
-    let response = app.router.clone().oneshot(request).await.unwrap();
-    response.headers()["x-ratelimit-limit"]
-        .to_str()
-        .unwrap()
-        .to_owned()
-}
 
 async fn an_override_above_the_cap_says_it_is_not_in_force(store: Arc<dyn Store>) {
     let app = app(store);
@@ -44,7 +30,7 @@ async fn an_override_above_the_cap_says_it_is_not_in_force(store: Arc<dyn Store>
         reason.contains("cap (50)") && reason.contains("set aside"),
         "{reason}"
     );
-    assert_eq!(limit_told(&app).await, "50");
+    assert_eq!(limit_told(&app, "acme").await, "50");
     let (_, got) = call(&app.router, &Method::GET, ACME, None).await;
     assert_eq!(
         (&got["in_force"], &got["reason"]),
@@ -64,7 +50,7 @@ async fn an_override_above_the_cap_says_it_is_not_in_force(store: Arc<dyn Store>
         (&under["in_force"], &under["reason"]),
         (&json!(true), &Value::Null)
     );
-    assert_eq!(limit_told(&app).await, "20");
+    assert_eq!(limit_told(&app, "acme").await, "20");
 
     put(ACME, r#"{"limit": 5000}"#).await;
     let (status, _) = call(
@@ -77,7 +63,7 @@ async fn an_override_above_the_cap_says_it_is_not_in_force(store: Arc<dyn Store>
     assert_eq!(status, StatusCode::OK);
     let (_, got) = call(&app.router, &Method::GET, ACME, None).await;
     assert_eq!(got["in_force"], json!(true), "the cap gone: {got}");
-    assert_eq!(limit_told(&app).await, "5000");
+    assert_eq!(limit_told(&app, "acme").await, "5000");
 }
 
 #[tokio::test]

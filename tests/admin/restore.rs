@@ -6,26 +6,12 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use serde_json::Value;
 use tollgate::RedisStore;
-use tower::ServiceExt;
 
-use super::{app, call, App};
+use super::{app, call, limit_told};
 use crate::support::redis::RedisServer;
-
-async fn limit_told(app: &App, who: &str) -> String {
-    let request = Request::get("/")
-        .header("x-api-key", who)
-        .body(Body::empty())
-        .unwrap();
-    let response = app.router.clone().oneshot(request).await.unwrap();
-    response.headers()["x-ratelimit-limit"]
-        .to_str()
-        .unwrap()
-        .to_owned()
-}
 
 #[tokio::test]
 async fn an_emptied_redis_forgets_the_configuration_and_a_dump_put_back_restores_its_limits() {
