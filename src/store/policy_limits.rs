@@ -1,12 +1,15 @@
 //! The runtime limits a store knows, by policy, and each policy with them
-//! in force, kept so a request pays one read lock and a pointer's clone for
-//! it (and an atomic load when no limit was ever set). The memory store's own
-//! table; a Redis store's copy of what Redis holds, refreshed in the
-//! background.
+//! in force: an immutable snapshot that a request reads without writing
+//! anything shared (one `ArcSwap` load, and a pointer's clone while a
+//! limit is in force, for the pass to carry), replaced whole when a limit
+//! changes or one ends. The memory store's own table; a Redis store's copy
+//! of what Redis holds, refreshed in the background.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
 
 use crate::overrides::Override;
 use crate::policy::Policy;
@@ -16,7 +19,7 @@ use crate::quota::Quota;
 /// By policy name, then strategy.
 type ByPolicy = HashMap<Arc<str>, HashMap<String, Known>>;
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Known {
     limits: PolicyLimits,
     in_force: Option<InForce>,
@@ -24,7 +27,7 @@ struct Known {
 
 /// The policy in force, kept: for the build-time quotas it was made from
 /// (`base`), until when (µs) it holds; `None`: the policy as built.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct InForce {
     base: Arc<[Quota]>,
     policy: Option<Arc<Policy>>,
@@ -41,7 +44,11 @@ pub(crate) struct RuntimeLimits {
     /// Counts the changes made through this store (`set`): a read of Redis
     /// begun before one must not undo it.
     writes: AtomicU64,
-    by_policy: RwLock<ByPolicy>,
+    /// What requests read.
+    snapshot: ArcSwap<ByPolicy>,
+    /// Held by whoever replaces the snapshot, so no change is lost to
+    /// another made at the same time.
+    writing: Mutex<()>,
 }
 
 impl RuntimeLimits {
@@ -58,8 +65,8 @@ impl RuntimeLimits {
         let now = now();
         let (name, strategy) = (policy.name(), policy.strategy().as_str());
         {
-            let map = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
-            let known = map.get(name)?.get(strategy)?;
+            let snapshot = self.snapshot.load();
+            let known = snapshot.get(name)?.get(strategy)?;
             if let Some(kept) = &known.in_force
                 && now < kept.until
                 && *kept.base == *policy.quotas()
@@ -67,20 +74,23 @@ impl RuntimeLimits {
                 return kept.policy.clone();
             }
         }
-        let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
-        let known = map.get_mut(name)?.get_mut(strategy)?;
+        // A limit changed or ended since the policy in force was kept (or
+        // none was yet): once per change, not per request.
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fresh = ByPolicy::clone(&self.snapshot.load());
+        let known = fresh.get_mut(name)?.get_mut(strategy)?;
         let in_force = known.limits.policy_in_force(policy, now).map(Arc::new);
         let until = known
             .limits
             .next_end()
             .filter(|&end| end > now)
             .unwrap_or(u64::MAX);
-        let base: Arc<[Quota]> = policy.quotas().into();
         known.in_force = Some(InForce {
-            base,
+            base: policy.quotas().into(),
             policy: in_force.clone(),
             until,
         });
+        self.snapshot.store(Arc::new(fresh));
         in_force
     }
 
@@ -91,8 +101,9 @@ impl RuntimeLimits {
 
     /// What is known of `policy`'s limits, those ended included.
     pub(crate) fn get(&self, policy: &Policy) -> PolicyLimits {
-        let map = self.by_policy.read().unwrap_or_else(|p| p.into_inner());
-        map.get(policy.name())
+        self.snapshot
+            .load()
+            .get(policy.name())
             .and_then(|by_strategy| by_strategy.get(policy.strategy().as_str()))
             .map(|k| k.limits.clone())
             .unwrap_or_default()
@@ -100,14 +111,16 @@ impl RuntimeLimits {
 
     /// Sets (or clears, `None`) one of `policy`'s limits.
     pub(crate) fn set(&self, policy: &Policy, which: PolicyLimit, value: Option<Override>) {
-        let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
-        let known = map
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fresh = ByPolicy::clone(&self.snapshot.load());
+        let known = fresh
             .entry(policy.shared_name().clone())
             .or_default()
             .entry(policy.strategy().as_str().to_owned())
             .or_default();
         known.limits.set(which, value);
         known.in_force = None;
+        self.snapshot.store(Arc::new(fresh));
         self.any.store(true, Ordering::Relaxed);
         self.version.fetch_add(1, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::SeqCst);
@@ -123,22 +136,24 @@ impl RuntimeLimits {
     /// Replaces what is known with `all` (a Redis store's refresh): by
     /// policy name and strategy. `writes` is [`writes`](Self::writes) when
     /// the read began: if this store changed a limit since, the read may
-    /// predate it, and is dropped (the next one brings both).
+    /// predate it, and is dropped (the next one brings both). An unchanged
+    /// read leaves the snapshot as it is.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn replace(&self, all: HashMap<(String, String), PolicyLimits>, writes: u64) {
-        let mut map = self.by_policy.write().unwrap_or_else(|p| p.into_inner());
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         if self.writes() != writes {
             return;
         }
+        let old = self.snapshot.load();
         let mut fresh = ByPolicy::new();
         let mut changed = false;
         for ((name, strategy), limits) in all {
-            let old = map
-                .get_mut(name.as_str())
-                .and_then(|by_strategy| by_strategy.get_mut(&strategy));
+            let kept = old
+                .get(name.as_str())
+                .and_then(|by_strategy| by_strategy.get(&strategy));
             // Unchanged limits keep the policy they put in force.
-            let in_force = match old {
-                Some(old) if old.limits == limits => old.in_force.take(),
+            let in_force = match kept {
+                Some(kept) if kept.limits == limits => kept.in_force.clone(),
                 _ => {
                     changed = true;
                     None
@@ -151,11 +166,12 @@ impl RuntimeLimits {
                 .insert(strategy, known);
         }
         let count = |m: &ByPolicy| m.values().map(HashMap::len).sum::<usize>();
-        if changed || count(&fresh) != count(&map) {
-            self.any.store(true, Ordering::Relaxed);
-            self.version.fetch_add(1, Ordering::Relaxed);
+        if !changed && count(&fresh) == count(&old) {
+            return;
         }
-        *map = fresh;
+        self.snapshot.store(Arc::new(fresh));
+        self.any.store(true, Ordering::Relaxed);
+        self.version.fetch_add(1, Ordering::Relaxed);
     }
 }
 
