@@ -19,6 +19,7 @@
 //! | [`tollgate_replica_fallbacks_total`](REPLICA_FALLBACKS) | counter | | a read-only call (peek or pre-check) a replica failed, asked of the primary instead |
 //! | [`tollgate_leases_total`](LEASES) | counter | `policy` | leases a Redis store with [leases](crate::store::Leases) took for hot callers |
 //! | [`tollgate_leased_units_total`](LEASED_UNITS) | counter | `policy` | units those leases charged in Redis beyond the requests that asked |
+//! | [`tollgate_lease_decisions_total`](LEASE_DECISIONS) | counter | `policy` | requests decided from a lease in hand, without a call to Redis: beside `tollgate_decisions_total`, the share that leases decide |
 //! | [`tollgate_lease_units_returned_total`](LEASE_UNITS_RETURNED) | counter | `policy` | unspent lease units given back to Redis when their lease ended |
 //! | [`tollgate_settled_units_total`](SETTLED_UNITS) | counter | `policy`, `direction` | units a response's actual cost ([`ActualCost`](crate::ActualCost)) charged beyond the estimate (`charged`) or gave back (`given_back`, refunded `304`s included), counted when the store took them |
 //! | [`tollgate_overrides_total`](OVERRIDES) | counter | `policy`, `change` | overrides an operator `set` or `cleared` through a [`RateLimiter`](crate::RateLimiter) |
@@ -71,12 +72,13 @@ use self::recorded as imp;
 )]
 pub(crate) use self::imp::{
     active_callers, block_started, lease_returned, lease_taken, local_cache_hit, override_changed,
-    policy_limit_changed, replica_fallback, script_reload, settled, PolicyMetrics, Stopwatch,
+    policy_limit_changed, replica_fallback, script_reload, settled, LeaseDecisions, PolicyMetrics,
+    Stopwatch,
 };
 pub(crate) use self::outcome::Outcome;
 #[cfg(feature = "metrics")]
 pub use self::recorded::{
     describe, ACTIVE_CALLERS, BLOCKS, DECISIONS, LATENCY_BUCKETS, LEASED_UNITS, LEASES,
-    LEASE_UNITS_RETURNED, LOCAL_CACHE_HITS, OVERRIDES, POLICY_LIMITS, REPLICA_FALLBACKS,
-    SCRIPT_RELOADS, SETTLED_UNITS, STORE_ERRORS, STORE_LATENCY,
+    LEASE_DECISIONS, LEASE_UNITS_RETURNED, LOCAL_CACHE_HITS, OVERRIDES, POLICY_LIMITS,
+    REPLICA_FALLBACKS, SCRIPT_RELOADS, SETTLED_UNITS, STORE_ERRORS, STORE_LATENCY,
 };

@@ -56,6 +56,19 @@ pub(crate) fn replica_fallback() {}
 #[inline]
 pub(crate) fn lease_taken(_policy: &Policy, _units: u64) {}
 
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseDecisions;
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl LeaseDecisions {
+    pub(crate) fn of(_policy: &Policy) -> Self {
+        Self
+    }
+
+    #[inline]
+    pub(crate) fn count(&self) {}
+}
+
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 #[inline]
 pub(crate) fn lease_returned(_policy: &Policy, _units: u64) {}

@@ -93,6 +93,15 @@ pub const LEASES: &str = "tollgate_leases_total";
 /// ```
 pub const LEASED_UNITS: &str = "tollgate_leased_units_total";
 
+/// Counter name: requests decided from a lease in hand, without a call
+/// to Redis, by `policy`: beside [`DECISIONS`], the share of a policy's
+/// requests that leases decide.
+///
+/// ```
+/// assert_eq!(tollgate::metrics::LEASE_DECISIONS, "tollgate_lease_decisions_total");
+/// ```
+pub const LEASE_DECISIONS: &str = "tollgate_lease_decisions_total";
+
 /// Counter name: unspent lease units given back, by `policy`.
 ///
 /// ```
@@ -210,6 +219,11 @@ pub fn describe() {
         LEASED_UNITS,
         Unit::Count,
         "Units charged in Redis by leases beyond the requests that asked"
+    );
+    describe_counter!(
+        LEASE_DECISIONS,
+        Unit::Count,
+        "Rate limit decisions made from a lease in hand, without a call to Redis"
     );
     describe_counter!(
         LEASE_UNITS_RETURNED,
@@ -408,6 +422,30 @@ pub(crate) fn lease_taken(policy: &Policy, units: u64) {
     ::metrics::counter!(LEASED_UNITS, "policy" => policy.shared_name().clone()).increment(units);
 }
 
+/// One lease's count of the requests it decides: the handle is looked up
+/// when the lease is taken, so a decision from it bumps an atomic only.
+#[derive(Clone)]
+pub(crate) struct LeaseDecisions(::metrics::Counter);
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl LeaseDecisions {
+    pub(crate) fn of(policy: &Policy) -> Self {
+        Self(::metrics::counter!(LEASE_DECISIONS, "policy" => policy.shared_name().clone()))
+    }
+
+    /// Counts one request decided from the lease.
+    #[inline]
+    pub(crate) fn count(&self) {
+        self.0.increment(1);
+    }
+}
+
+impl std::fmt::Debug for LeaseDecisions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseDecisions")
+    }
+}
+
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 /// Counts unspent lease units given back.
 #[inline]
@@ -464,6 +502,10 @@ mod tests {
             lease_taken(&policy, 40);
             lease_taken(&policy, 20);
             lease_returned(&policy, 7);
+            let decided = LeaseDecisions::of(&policy);
+            decided.count();
+            decided.count();
+            decided.count();
         });
         // One snapshot: taking one drains the recorder.
         let mut seen: Vec<(String, Vec<String>, DebugValue)> = recorder
@@ -488,6 +530,11 @@ mod tests {
                     ACTIVE_CALLERS.to_owned(),
                     core.clone(),
                     DebugValue::Gauge(42.0.into())
+                ),
+                (
+                    LEASE_DECISIONS.to_owned(),
+                    core.clone(),
+                    DebugValue::Counter(3)
                 ),
                 (
                     LEASE_UNITS_RETURNED.to_owned(),

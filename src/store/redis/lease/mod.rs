@@ -268,6 +268,7 @@ impl RedisStore {
                 reset_at: decision.reset_at_micros,
                 store_now: decision.now_micros,
                 last_used: asked_at,
+                decided: crate::metrics::LeaseDecisions::of(policy),
             };
             refill.dry_until = None;
             if let Some(returning) = table.install(key, lease, asked_at) {

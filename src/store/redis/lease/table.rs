@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 use super::Leases;
 use crate::decision::{Decision, Receipt};
 use crate::key::Key;
+use crate::metrics::LeaseDecisions;
 use crate::policy::Policy;
 use crate::strategy::lease::Spending;
 
@@ -45,6 +46,8 @@ pub(super) struct Lease {
     /// Redis's (or the store clock's) time when the lease was charged, µs.
     pub(super) store_now: u64,
     pub(super) last_used: u64,
+    /// Counts the requests it decides.
+    pub(super) decided: LeaseDecisions,
 }
 
 impl Lease {
@@ -75,6 +78,7 @@ impl Lease {
         self.units -= cost;
         self.spent += cost;
         self.last_used = now;
+        self.decided.count();
         let remaining = self.remaining_with(available - cost);
         let store_now = self.store_now + now.saturating_sub(self.asked_at);
         let stamp = self.spending.stamp_of_pass(self.stamp, self.units);
@@ -563,6 +567,7 @@ mod tests {
             reset_at: window_end,
             store_now: at,
             last_used: at,
+            decided: LeaseDecisions::of(&policy()),
         }
     }
 
