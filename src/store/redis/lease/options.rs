@@ -11,10 +11,12 @@ use std::time::Duration;
 /// policies; other policies decide in Redis every time.
 ///
 /// A caller is *hot* on this server once it was decided `hot_after` times
-/// within the last one to two spans. A lease asks for as many units as the
-/// caller used here in a span (at least 1, at most `max_units`), and Redis
-/// grants at most half of what the caller has left after the request that
-/// asked. A lease ends when its window ends (GCRA: when it has decayed),
+/// within the last one to two spans: with the defaults, any caller asking
+/// this server a few times a second, so a crowd's busy part leases, not
+/// just its busiest caller. A lease asks for as many units as the caller
+/// used here in its busier recent span (at least 1, at most `max_units`):
+/// sized to its rate, to last about a span; Redis grants at most half of
+/// what the caller has left in the window after the request that asked. A lease ends when its window ends (GCRA: when it has decayed),
 /// when `lifetime` has passed since it was granted, or when the caller
 /// has been quiet for `quiet_after`; what is unspent then is given back.
 ///
@@ -38,15 +40,21 @@ pub struct Leases {
 }
 
 impl Default for Leases {
-    /// Hot after 8 decisions, a span of 100 ms, at most 1,000 units a
-    /// lease, a lifetime of 1 s, given back after 500 ms of quiet.
+    /// Hot after 4 decisions, a span of 1 s, at most 1,000 units a lease,
+    /// a lifetime of 2 s, given back after 1 s of quiet.
+    ///
+    /// A lease costs two calls at most (the one that takes it, the one that
+    /// gives back what is left), and a decision in Redis one batched
+    /// call's share: a lease pays from a few units, when it lasts long
+    /// enough to be spent (the span) and is not given back at the first
+    /// pause of a caller that asks a few times a second (the quiet time).
     fn default() -> Self {
         Self {
-            hot_after: 8,
-            span: 100_000,
+            hot_after: 4,
+            span: 1_000_000,
             max_units: 1_000,
-            lifetime: 1_000_000,
-            quiet_after: 500_000,
+            lifetime: 2_000_000,
+            quiet_after: 1_000_000,
         }
     }
 }
