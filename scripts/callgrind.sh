@@ -12,6 +12,10 @@
 #   CG_PROCESS=redis scripts/callgrind.sh /strategies/gcra   # Redis's side instead
 #   ZOO_BIN=/tmp/zoo-before scripts/callgrind.sh ...  # a build copied aside
 #   CG_SIM=1 scripts/callgrind.sh ...         # with cache and branch misses
+#   CG_CALLERS=zipf LOAD_STORE=redis scripts/callgrind.sh /strategies/api_key
+#                                   # each request's X-Api-Key drawn from a Zipf
+#                                   # crowd (scripts/wrk_callers.lua; CG_ZIPF_S,
+#                                   # 1.0, over 10,000 keys), or one (hot)
 #
 # Runs the release zoo (ZOO_BENCH=1) under valgrind on CPU 1, with a private
 # redis-server for LOAD_STORE=redis; serves every route once; then for
@@ -50,6 +54,9 @@ esac
 # Redis at 64 connections, where decisions batch as they do under load; the
 # memory store at 4, enough to keep the zoo busy under valgrind.
 if [ "$LOAD_STORE" = redis ]; then CG_CONNS=${CG_CONNS:-64}; else CG_CONNS=${CG_CONNS:-4}; fi
+# Who sends the requests: nobody in particular (no X-Api-Key), hot or zipf.
+export WRK_CALLERS=${CG_CALLERS:-} WRK_ZIPF_N=10000 WRK_ZIPF_S=${CG_ZIPF_S:-1.0}
+callers=(-s scripts/wrk_callers.lua)
 for tool in valgrind callgrind_control wrk curl taskset redis-server redis-cli; do
   command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool is required" >&2; exit 2; }
 done
@@ -113,14 +120,14 @@ echo "store: $LOAD_STORE; counting: $CG_PROCESS; wrk -c$CG_CONNS for ${CG_SECS}s
 # (`_int_malloc`, `malloc_consolidate`), and the order of the routes would
 # decide a close comparison (BENCHMARKS.md has the size of it).
 for route in "$@"; do
-  taskset -c 0 wrk -t1 -c"$CG_CONNS" -d2s "http://127.0.0.1:$zoo_port$route" >/dev/null
+  taskset -c 0 wrk "${callers[@]}" -t1 -c"$CG_CONNS" -d2s "http://127.0.0.1:$zoo_port$route" >/dev/null
 done
 for route in "$@"; do
   url="http://127.0.0.1:$zoo_port$route"
-  taskset -c 0 wrk -t1 -c"$CG_CONNS" -d2s "$url" >/dev/null
+  taskset -c 0 wrk "${callers[@]}" -t1 -c"$CG_CONNS" -d2s "$url" >/dev/null
   callgrind_control -z "$target" >/dev/null 2>&1
   [ "$LOAD_STORE" != redis ] || redis-cli -p "$redis_port" config resetstat >/dev/null
-  served=$(taskset -c 0 wrk -t1 -c"$CG_CONNS" -d"${CG_SECS}s" "$url" | awk '/requests in/ { print $1 }')
+  served=$(taskset -c 0 wrk "${callers[@]}" -t1 -c"$CG_CONNS" -d"${CG_SECS}s" "$url" | awk '/requests in/ { print $1 }')
   callgrind_control -d "$target" >/dev/null 2>&1
   sleep 0.5
   calls=
@@ -131,7 +138,7 @@ for route in "$@"; do
   dump=$(ls -t "$out"/"$CG_PROCESS"."$target".* | head -1)
   instructions=$(awk '/^(summary|totals):/ { print $2; exit }' "$dump")
   # A rejecting run (ZOO_LIMIT set) is named apart, not over the passing one.
-  name="$out/$CG_PROCESS-$LOAD_STORE${ZOO_LIMIT:+-limit$ZOO_LIMIT}${ZOO_WINDOW_SECS:+-per$ZOO_WINDOW_SECS}$(echo "$route" | tr / _)"
+  name="$out/$CG_PROCESS-$LOAD_STORE${CG_CALLERS:+-$CG_CALLERS}${ZOO_LIMIT:+-limit$ZOO_LIMIT}${ZOO_WINDOW_SECS:+-per$ZOO_WINDOW_SECS}$(echo "$route" | tr / _)"
   mv "$dump" "$name"
   # The layer's own share (tollgate's or tower_governor's), when there is one.
   layer=

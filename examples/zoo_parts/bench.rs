@@ -4,13 +4,15 @@
 //! the in-memory peer, tower_governor, beside the strategies it competes
 //! with, keyed as it is (by peer IP) and sending as many headers.
 //!
-//! For leases (issue 34), three routes keyed by `X-Api-Key`, which
-//! `scripts/load.sh` drives with one hot caller and with a Zipf crowd of
+//! For leases (issue 34), routes keyed by `X-Api-Key`, which
+//! `scripts/load.sh` drives with one hot caller and with Zipf crowds of
 //! callers, and leaves out of the strategies it lists:
-//! `/strategies/api_key` (the fixed window on the zoo's store),
-//! `/strategies/api_key_leased` (the same on a Redis store with leases;
-//! with `REDIS_URL` only) and `/strategies/governor_api_key`
-//! (tower_governor, keyed the same way).
+//! `/strategies/api_key` (the fixed window on the zoo's store, GitHub's
+//! five headers), `/strategies/api_key_leased` (the same on a Redis store
+//! with leases; with `REDIS_URL` only), and, for a fair reading beside
+//! tower_governor keyed the same way, `/strategies/api_key_no_headers` and
+//! `_two_headers` beside `/strategies/governor_api_key_no_headers` and
+//! `/strategies/governor_api_key` (its `use_headers()`: two).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,11 +106,22 @@ pub async fn routes(
     router = router
         .route("/strategies/governor_no_headers", governor(quota, false)?)
         .route("/strategies/governor_two_headers", governor(quota, true)?)
-        .route("/strategies/governor_api_key", governor_by_api_key(quota)?)
         .route(
-            "/strategies/api_key",
-            get(tigerfeeding).layer(by_api_key(quota, store)?),
+            "/strategies/governor_api_key",
+            governor_by_api_key(quota, true)?,
+        )
+        .route(
+            "/strategies/governor_api_key_no_headers",
+            governor_by_api_key(quota, false)?,
         );
+    for (load, headers) in HEADER_LOADS {
+        let path = match load {
+            "five_headers" => "/strategies/api_key".to_owned(),
+            load => format!("/strategies/api_key_{load}"),
+        };
+        let limit = by_api_key(quota, store.clone(), headers)?;
+        router = router.route(&path, get(tigerfeeding).layer(limit));
+    }
     let mut leased = None;
     if let Some(url) = redis_url {
         let leasing = RedisStore::connect_builder(url)
@@ -119,7 +132,11 @@ pub async fn routes(
             .map_err(|e| e.to_string())?;
         router = router.route(
             "/strategies/api_key_leased",
-            get(tigerfeeding).layer(by_api_key(quota, Arc::new(leasing.clone()))?),
+            get(tigerfeeding).layer(by_api_key(
+                quota,
+                Arc::new(leasing.clone()),
+                RateLimitHeaders::GITHUB,
+            )?),
         );
         leased = Some(leasing);
     }
@@ -130,13 +147,18 @@ pub async fn routes(
     })
 }
 
-/// The fixed window at `quota` on `store`, keyed by `X-Api-Key`, with
-/// GitHub's headers.
-fn by_api_key(quota: Quota, store: Arc<dyn Store>) -> Result<RateLimitLayer, String> {
+/// The fixed window at `quota` on `store`, keyed by `X-Api-Key`, sending
+/// `headers`.
+fn by_api_key(
+    quota: Quota,
+    store: Arc<dyn Store>,
+    headers: RateLimitHeaders,
+) -> Result<RateLimitLayer, String> {
     RateLimitLayer::builder()
         .policy(Policy::fixed_window("api_key", quota))
         .shared_store(store)
         .key(HeaderKey::new("x-api-key"))
+        .headers(headers)
         .build()
         .map_err(|e| format!("api_key: {e}"))
 }
@@ -157,18 +179,20 @@ impl KeyExtractor for ApiKey {
     }
 }
 
-/// tower_governor at `quota`'s rate, as [`governor`], keyed by `X-Api-Key`
-/// and sending its two headers.
-fn governor_by_api_key(quota: Quota) -> Result<MethodRouter<Zoo>, String> {
+/// tower_governor at `quota`'s rate, as [`governor`], keyed by `X-Api-Key`;
+/// with its two headers when `headers`.
+fn governor_by_api_key(quota: Quota, headers: bool) -> Result<MethodRouter<Zoo>, String> {
     let period = (quota.window() / quota.limit()).max(Duration::from_nanos(1));
-    let config = GovernorConfigBuilder::default()
-        .key_extractor(ApiKey)
-        .period(period)
-        .burst_size(quota.limit())
-        .use_headers()
-        .finish()
-        .ok_or_else(|| format!("tower_governor refuses {quota:?}"))?;
-    Ok(get(tigerfeeding).layer(GovernorLayer::new(config)))
+    let mut builder = GovernorConfigBuilder::default().key_extractor(ApiKey);
+    builder.period(period).burst_size(quota.limit());
+    let invalid = || format!("tower_governor refuses {quota:?}");
+    Ok(if headers {
+        let config = builder.use_headers().finish().ok_or_else(invalid)?;
+        get(tigerfeeding).layer(GovernorLayer::new(config))
+    } else {
+        let config = builder.finish().ok_or_else(invalid)?;
+        get(tigerfeeding).layer(GovernorLayer::new(config))
+    })
 }
 
 /// tower_governor's GCRA at `quota`'s rate (one unit every `window /
