@@ -135,11 +135,14 @@ impl fmt::Display for Key {
 
 /// The first `hex_len` hex digits of SHA-256 over `bytes`.
 pub(crate) fn hex_digest(bytes: &[u8], hex_len: usize) -> String {
-    use std::fmt::Write;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(hex_len);
+    // By hand, not `write!("{b:02x}")`: the formatter cost a hashed
+    // header key as much as the hash (issue 47).
     for b in digest.iter().take(hex_len.div_ceil(2)) {
-        let _ = write!(out, "{b:02x}");
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     out.truncate(hex_len);
     out
@@ -267,6 +270,15 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hex_digest_is_sha256_in_lowercase_hex_cut_to_length() {
+        // FIPS 180-2's example: SHA-256("abc").
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(hex_digest(b"abc", 64), abc);
+        assert_eq!(hex_digest(b"abc", 32), &abc[..32]);
+        assert_eq!(hex_digest(b"abc", 5), &abc[..5]);
+    }
 
     #[test]
     fn hash_tags_and_separators_in_input_are_escaped() {

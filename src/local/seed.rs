@@ -3,9 +3,11 @@
 //! fresh budget.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
+
+use foldhash::fast::RandomState;
 
 use crate::decision::Decision;
 use crate::key::Key;
@@ -28,8 +30,10 @@ pub(crate) const CAPACITY: usize = 10_000;
 /// and one server admitted 59 in a window of 50). See [`Seen::is_newer_than`].
 #[derive(Debug)]
 pub(crate) struct Learned {
-    shards: Box<[Mutex<HashMap<Key, Seen>>]>,
+    shards: Box<[Mutex<HashMap<Key, Seen, RandomState>>]>,
     per_shard: usize,
+    /// foldhash, as the stores' own tables: this runs on every decision
+    /// of a main store.
     hasher: RandomState,
 }
 
@@ -77,11 +81,11 @@ impl Learned {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
         }
     }
 
-    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Seen>> {
+    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Seen, RandomState>> {
         let i = self.hasher.hash_one(key) as usize % SHARDS;
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
