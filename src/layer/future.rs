@@ -123,42 +123,48 @@ impl<F, B, E> ResponseFuture<F, B, E> {
 }
 
 /// [`ResponseFuture::waiting`]'s wait: the verdict, then the turn, then
-/// the inner service called.
-async fn wait<S, ReqBody>(
+/// the inner service called. An `async` block, not an `async fn`, which
+/// would keep a second copy of its arguments in the future it boxes.
+#[allow(clippy::manual_async_fn)]
+fn wait<S, ReqBody>(
     admission: Step<Pending>,
     limiter: Arc<Limiter>,
     mut inner: S,
     mut parts: Parts,
     body: ReqBody,
-) -> Waited<S::Future>
+) -> impl Future<Output = Waited<S::Future>>
 where
     S: Service<Request<ReqBody>>,
 {
-    let verdict = match admission {
-        ControlFlow::Break((verdict, _)) => verdict,
-        ControlFlow::Continue(pending) => limiter.admit_later(&mut parts, pending).await,
-    };
-    let pass = match verdict {
-        Verdict::Pass(pass) => pass,
-        Verdict::Respond(response) => return Waited::Answered(answer(&limiter, &parts, response)),
-    };
-    // Dropping this future from here on (the client left) drops the
-    // guard, which gives the charge back without blocking.
-    let guard = ReleaseGuard::for_pass(&limiter, &pass);
-    if let Some(delay) = pass.delay() {
-        // A leaky bucket's turn: wait without blocking the runtime.
-        tokio::time::sleep(delay).await;
+    async move {
+        let verdict = match admission {
+            ControlFlow::Break((verdict, _)) => verdict,
+            ControlFlow::Continue(pending) => limiter.admit_later(&mut parts, pending).await,
+        };
+        let pass = match verdict {
+            Verdict::Pass(pass) => pass,
+            Verdict::Respond(response) => {
+                return Waited::Answered(answer(&limiter, &parts, response))
+            }
+        };
+        // Dropping this future from here on (the client left) drops the
+        // guard, which gives the charge back without blocking.
+        let guard = ReleaseGuard::for_pass(&limiter, &pass);
+        if let Some(delay) = pass.delay() {
+            // A leaky bucket's turn: wait without blocking the runtime.
+            tokio::time::sleep(delay).await;
+        }
+        let guard = guard.and_then(ReleaseGuard::keep_if_held);
+        let future = inner.call(Request::from_parts(parts, body));
+        Waited::Admitted(
+            future,
+            Admitted {
+                limiter,
+                pass,
+                guard,
+            },
+        )
     }
-    let guard = guard.and_then(ReleaseGuard::keep_if_held);
-    let future = inner.call(Request::from_parts(parts, body));
-    Waited::Admitted(
-        future,
-        Admitted {
-            limiter,
-            pass,
-            guard,
-        },
-    )
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B, E>

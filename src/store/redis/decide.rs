@@ -67,20 +67,21 @@ impl RedisStore {
         };
         let reply = match batcher {
             Some(batcher) => batcher.eval(script, keys, args, until).await?,
+            // The calls below are boxed: each future is larger than the
+            // batcher's, and the store's future would carry the largest.
             None if !read_only && SCRIPTS.give_back_of(script, &args).is_some() => {
                 args::with_until(&mut args, until);
-                batch::eval_holding(&self.inner.conn, script, keys, args).await?
+                Box::pin(batch::eval_holding(&self.inner.conn, script, keys, args)).await?
             }
-            None if read_only => reply::integers(
-                self.inner
-                    .scripting
-                    .eval_read_only(&self.inner.conn, script, &keys, &args)
-                    .await
-                    .map_err(|err| script.error(err))?,
-            )?,
+            None if read_only => {
+                let scripting = &self.inner.scripting;
+                let call =
+                    Box::pin(scripting.eval_read_only(&self.inner.conn, script, &keys, &args));
+                reply::integers(call.await.map_err(|err| script.error(err))?)?
+            }
             None => {
                 args::with_until(&mut args, until);
-                let reply = self.inner.conn.eval(script, &keys, &args, false).await;
+                let reply = Box::pin(self.inner.conn.eval(script, &keys, &args, false)).await;
                 reply::integers(reply.map_err(|err| script.error(err))?)?
             }
         };

@@ -251,8 +251,11 @@ impl Batcher {
         async move {
             match route {
                 Route::Alone(keys, args, _slot) => {
-                    let reply = self.shared.conn.eval(script, &keys, &args, false).await;
-                    lone_answer(script, reply)
+                    // Boxed: the call's future is most of this one's size,
+                    // and a decision that queues (most, under load) would
+                    // carry it for nothing.
+                    let call = Box::pin(self.shared.conn.eval(script, &keys, &args, false));
+                    lone_answer(script, call.await)
                 }
                 Route::Queued(answered) => answered.await,
             }
