@@ -151,6 +151,79 @@ async fn two_servers_on_one_redis_admit_at_most_the_limit() {
     assert_eq!(admitted + again, 50);
 }
 
+/// Issue 47: with the default leases, a crowd's busy callers lease, not
+/// just its busiest, and at a low limit two servers together still admit
+/// no caller more than its limit, each leased unit charged in Redis first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_with_default_leases_hold_every_callers_limit_in_a_crowd() {
+    let redis = RedisServer::start();
+    let (prefix, clock) = (unique_prefix("lease-crowd"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(40));
+    let url = redis.url();
+    let servers = [
+        store(&url, &prefix, &clock, Some(Leases::new())).await,
+        store(&url, &prefix, &clock, Some(Leases::new())).await,
+    ];
+    let closed = FailurePolicy::closed(Duration::from_secs(1));
+    let apps: Vec<Router> = servers
+        .iter()
+        .map(|s| app(s.clone(), &policy, closed.clone(), Duration::from_secs(10)))
+        .collect();
+    // A Zipf crowd in small: caller i asks 120 / i times (the first three
+    // reach the limit), the requests of all of them interleaved and sent
+    // to the two servers in turn.
+    let asks: Vec<usize> = (1..=30).map(|i| 120 / i).collect();
+    let mut order = Vec::new();
+    for round in 0..asks[0] {
+        order.extend((0..asks.len()).filter(|&i| round < asks[i]));
+    }
+    let calls_before = evalsha_calls(&redis);
+    let mut admitted = vec![0u64; asks.len()];
+    for (n, &i) in order.iter().enumerate() {
+        let name = format!("caller-{i}");
+        admitted[i] += u64::from(hit(&apps[n % 2], &name).await == StatusCode::OK);
+    }
+    let calls = evalsha_calls(&redis) - calls_before;
+    for (i, &passed) in admitted.iter().enumerate() {
+        assert!(
+            passed <= 40,
+            "caller-{i} admitted {passed} of a limit of 40"
+        );
+    }
+    // Sent one at a time, each request would cost a script call without
+    // leases: they saved at least a quarter (each caller's first few, and
+    // its rejections, go to Redis), and callers well down the crowd held
+    // leases (given back below).
+    assert!(
+        calls < order.len() as u64 * 3 / 4,
+        "{calls} script calls for {} requests",
+        order.len()
+    );
+    let reader = store(&url, &prefix, &clock, None).await;
+    let mut leased_callers = 0;
+    for (i, &passed) in admitted.iter().enumerate() {
+        let key = caller(&format!("caller-{i}"));
+        let charged = used_in_redis(&reader, &policy, &key).await;
+        assert!(
+            charged >= passed,
+            "caller-{i}: {charged} charged, {passed} admitted"
+        );
+        leased_callers += u64::from(charged > passed);
+    }
+    assert!(leased_callers >= 3, "{leased_callers} callers held leases");
+    servers[0].return_leases().await;
+    servers[1].return_leases().await;
+    // Given back, Redis counts exactly what was admitted.
+    for (i, &passed) in admitted.iter().enumerate() {
+        let key = caller(&format!("caller-{i}"));
+        assert_eq!(
+            used_in_redis(&reader, &policy, &key).await,
+            passed,
+            "caller-{i}"
+        );
+    }
+}
+
 /// Scripts Redis ran (`EVALSHA`) since it started.
 fn evalsha_calls(redis: &RedisServer) -> u64 {
     command_calls(redis).get("evalsha").copied().unwrap_or(0)
