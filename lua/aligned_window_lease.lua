@@ -11,7 +11,11 @@
 -- ARGV[2]   cost in units, at least 1
 -- ARGV[3]   the quota's limit, in units
 -- ARGV[4]   the quota's window, in µs (windows end at its multiples)
--- ARGV[5]   units wanted for the lease, beyond `cost`
+-- ARGV[5]   units wanted for the lease, beyond `cost`: the caller's use on
+--           the server over `span`
+-- ARGV[6]   span, µs: with less of the window left than that, the lease
+--           asks for the share of ARGV[5] the caller would spend before
+--           the window ends (what is left unspent then is lost to it)
 --
 -- Reply, integers only:
 --   {allowed 1|0, limit, used (the lease included), reset_at µs, retry_after
@@ -36,7 +40,9 @@ if not open then c = 0 end
 if c + cost > limit then
   return {0, limit, math.min(c, limit), r, r - now, now, 0}
 end
-local lease = math.min(ARGV[5] + 0, math.floor((limit - c - cost) / 2))
+local want, span = ARGV[5] + 0, ARGV[6] + 0
+if r - now < span then want = math.floor(want * (r - now) / span) end
+local lease = math.min(want, math.floor((limit - c - cost) / 2))
 local charge = cost + lease
 if open then
   redis.call('HINCRBY', KEYS[1], 'c', int(charge))

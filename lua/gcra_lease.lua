@@ -15,6 +15,8 @@
 -- ARGV[3]   T, the emission interval, µs per unit
 -- ARGV[4]   burst: the bucket's size in units
 -- ARGV[5]   units wanted for the lease, beyond `cost`
+-- ARGV[6]   span, µs (unused: a GCRA lease decays as the bucket refills, so
+--           it has no window end to be sized to)
 --
 -- Reply, integers only:
 --   {allowed 1|0, limit (burst), used (burst - remaining, the lease

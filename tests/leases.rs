@@ -249,6 +249,32 @@ async fn a_hot_caller_costs_a_few_calls_not_one_a_request() {
     assert!(calls <= 16, "{calls} script calls for 2,000 decisions");
 }
 
+/// A lease asks for what the caller would spend in a span; with half a
+/// span left of its window, for half of that (the rest would be lost with
+/// the window, and withheld from the other servers until then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_near_its_windows_end_asks_for_what_the_time_left_spends() {
+    let (prefix, clock) = (unique_prefix("lease-end"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(1_000));
+    let url = shared_url();
+    let server = store(&url, &prefix, &clock, Some(leases())).await;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let (early, late) = (Key::new("early"), Key::new("late"));
+    // Each window opens with its caller's first request.
+    server.check(&policy, &late, 1).await.unwrap();
+    // Four decisions in a span: the fourth takes a lease of four.
+    for _ in 0..4 {
+        server.check(&policy, &early, 1).await.unwrap();
+    }
+    assert_eq!(used_in_redis(&reader, &policy, &early).await, 4 + 4);
+    // The same four with half a second of `late`'s window left: two.
+    clock.advance(Duration::from_millis(59_500));
+    for _ in 0..4 {
+        server.check(&policy, &late, 1).await.unwrap();
+    }
+    assert_eq!(used_in_redis(&reader, &policy, &late).await, 1 + 4 + 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_serves_a_hot_caller_without_redis_and_its_headers_add_up() {
     let (prefix, clock) = (unique_prefix("lease-one"), ManualClock::new(T0));

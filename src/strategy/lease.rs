@@ -131,7 +131,8 @@ pub(crate) fn spending(policy: &Policy) -> Option<Spending> {
 /// The lease script for `policy` (which [`spending`] accepted) and its
 /// arguments: the strategy's decision's own (`now`, µs or -1 for Redis
 /// `TIME`, then `cost`, then its quota arguments), then the units wanted
-/// beyond `cost`. For a policy with a caller's own rules the script is
+/// beyond `cost` and the `span` (µs) they would last at the caller's
+/// rate, by which a window's lease asks for less near the window's end. For a policy with a caller's own rules the script is
 /// wrapped by `lua/caller.lua`, whose keys and arguments the store adds
 /// after these.
 pub(crate) fn call(
@@ -139,6 +140,7 @@ pub(crate) fn call(
     now: ScriptNow,
     cost: u64,
     want: u64,
+    span: u64,
 ) -> (&'static LuaScript, Args) {
     let algorithm = policy.strategy().algorithm();
     let scripts = algorithm
@@ -147,6 +149,7 @@ pub(crate) fn call(
     let mut args = Args::from_slice(&[now.arg(), int(cost)]);
     args.extend(algorithm.quota_args(policy).1);
     args.push(int(want));
+    args.push(int(span));
     (scripts.for_policy(policy), args)
 }
 

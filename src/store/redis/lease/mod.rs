@@ -224,7 +224,8 @@ impl RedisStore {
             key,
             dry_until: Some(asked_at.saturating_add(table.options.span)),
         };
-        let (script, mut args) = lease::call(policy, self.script_now(), cost, want);
+        let (script, mut args) =
+            lease::call(policy, self.script_now(), cost, want, table.options.span);
         args::with_until(&mut args, self.until(deadline));
         let mut keys = self.inner.keys.quota_keys(policy, key);
         if policy.has_caller_rules() {

@@ -15,8 +15,9 @@ use std::time::Duration;
 /// this server a few times a second, so a crowd's busy part leases, not
 /// just its busiest caller. A lease asks for as many units as the caller
 /// used here in its busier recent span (at least 1, at most `max_units`):
-/// sized to its rate, to last about a span; Redis grants at most half of
-/// what the caller has left in the window after the request that asked. A lease ends when its window ends (GCRA: when it has decayed),
+/// sized to its rate, to last about a span, and to the share of a span left
+/// before its window ends; Redis grants at most half of what the caller
+/// has left in the window after the request that asked. A lease ends when its window ends (GCRA: when it has decayed),
 /// when `lifetime` has passed since it was granted, or when the caller
 /// has been quiet for `quiet_after`; what is unspent then is given back.
 ///
