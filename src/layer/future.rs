@@ -104,7 +104,15 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     {
         Self {
             state: State::Waiting {
-                future: Box::pin(wait(admission, limiter, inner, parts, body)),
+                // A verdict waits boxed only for a leaky bucket's turn: the
+                // future then fits the allocator's small sizes.
+                future: Box::pin(wait(
+                    admission.map_break(|(verdict, _)| Box::new(verdict)),
+                    limiter,
+                    inner,
+                    parts,
+                    body,
+                )),
             },
         }
     }
@@ -127,7 +135,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
 /// would keep a second copy of its arguments in the future it boxes.
 #[allow(clippy::manual_async_fn)]
 fn wait<S, ReqBody>(
-    admission: Step<Pending>,
+    admission: ControlFlow<Box<Verdict>, Pending>,
     limiter: Arc<Limiter>,
     mut inner: S,
     mut parts: Parts,
@@ -138,7 +146,7 @@ where
 {
     async move {
         let verdict = match admission {
-            ControlFlow::Break((verdict, _)) => verdict,
+            ControlFlow::Break(verdict) => *verdict,
             ControlFlow::Continue(pending) => limiter.admit_later(&mut parts, pending).await,
         };
         let pass = match verdict {

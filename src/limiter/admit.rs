@@ -7,11 +7,16 @@
 //! there. Also the peek, which asks without charging, and what the process
 //! remembers of the main store's decisions.
 
+use std::future::Future;
 use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
 use http::request::Parts;
 use http::Response;
+use pin_project_lite::pin_project;
+use tracing::instrument::Instrumented;
 use tracing::Instrument;
 
 use super::settle::mark_degraded;
@@ -40,6 +45,28 @@ pub(super) struct Judged {
     /// The policy in force, when it is not the policy as built.
     pub(super) in_force: Option<Arc<Policy>>,
     pub(super) decision: Decision,
+}
+
+pin_project! {
+    /// [`Limiter::admit_later`]'s future: the decision, in the request's
+    /// span, counted once made.
+    struct Recorded<'a, F> {
+        limiter: &'a Limiter,
+        #[pin]
+        decided: Instrumented<F>,
+    }
+}
+
+impl<F: Future<Output = Decided>> Future for Recorded<'_, F> {
+    type Output = Verdict;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Verdict> {
+        let mut this = self.project();
+        let (verdict, outcome) = ready!(this.decided.as_mut().poll(cx));
+        this.limiter
+            .record(outcome, this.decided.as_ref().get_ref().span());
+        Poll::Ready(verdict)
+    }
 }
 
 /// A request [`Limiter::admit_now`] could not decide without awaiting a
@@ -95,14 +122,16 @@ impl Limiter {
 
     /// Goes on where [`admit_now`](Self::admit_now) stopped, awaiting the
     /// store (never past the deadline).
-    pub(crate) async fn admit_later(&self, parts: &mut Parts, pending: Pending) -> Verdict {
+    pub(crate) fn admit_later<'a>(
+        &'a self,
+        parts: &'a mut Parts,
+        pending: Pending,
+    ) -> impl Future<Output = Verdict> + 'a {
         let span = pending.span.clone();
-        let (verdict, outcome) = self
-            .decide_later(parts, pending)
-            .instrument(span.clone())
-            .await;
-        self.record(outcome, &span);
-        verdict
+        Recorded {
+            limiter: self,
+            decided: self.decide_later(parts, pending).instrument(span),
+        }
     }
 
     /// The steps, in order, each answering the request or handing the
@@ -124,7 +153,13 @@ impl Limiter {
 
     /// The rest of [`decide_now`](Self::decide_now), awaiting the store it
     /// stopped at: the main store, or after its failure the local fallback.
-    async fn decide_later(&self, parts: &mut Parts, pending: Pending) -> Decided {
+    /// Its future is an `async` block over `pending`'s parts: an `async fn`
+    /// would keep `pending` twice, in the future the layer boxes.
+    fn decide_later<'a>(
+        &'a self,
+        parts: &'a mut Parts,
+        pending: Pending,
+    ) -> impl Future<Output = Decided> + 'a {
         let Pending {
             key,
             cost,
@@ -132,26 +167,28 @@ impl Limiter {
             failed,
             span,
         } = pending;
-        let policy = self.in_force(in_force.as_ref());
-        let (local, kind) = match failed {
-            None => match self.ask_main_as(policy, &key, cost).await {
-                Ok(decision) => {
-                    return self.judge_main(parts, key, cost, in_force, decision, &span);
-                }
-                Err(err) => match self.on_failure(parts, err) {
-                    ControlFlow::Continue(fallback) => fallback,
-                    ControlFlow::Break(decided) => return decided,
+        async move {
+            let policy = self.in_force(in_force.as_ref());
+            let (local, kind) = match failed {
+                None => match self.ask_main_as(policy, &key, cost).await {
+                    Ok(decision) => {
+                        return self.judge_main(parts, key, cost, in_force, decision, &span);
+                    }
+                    Err(err) => match self.on_failure(parts, err) {
+                        ControlFlow::Continue(fallback) => fallback,
+                        ControlFlow::Break(decided) => return decided,
+                    },
                 },
-            },
-            Some(kind) => match &self.config.failure {
-                FailurePolicy::Local(local) => (local, kind),
-                // Only a local failure policy leaves a request waiting on a fallback.
-                _ => return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen),
-            },
-        };
-        self.seed(local, policy, &key);
-        let result = self.ask_as(policy, &**local, &key, cost).await;
-        self.fallen_back(parts, key, cost, in_force, kind, result, &span)
+                Some(kind) => match &self.config.failure {
+                    FailurePolicy::Local(local) => (local, kind),
+                    // Only a local failure policy leaves a request waiting on a fallback.
+                    _ => return (Verdict::Pass(Pass::bare(Some(kind))), Outcome::FailOpen),
+                },
+            };
+            self.seed(local, policy, &key);
+            let result = self.ask_as(policy, &**local, &key, cost).await;
+            self.fallen_back(parts, key, cost, in_force, kind, result, &span)
+        }
     }
 
     fn record(&self, outcome: Outcome, span: &tracing::Span) {
