@@ -8,7 +8,10 @@
 -- (a flood) cost Redis one HMGET and one HINCRBY per call, not per request.
 -- Nothing else can run in between, so the result is the same.
 --
--- Each decision's keys and arguments are lua/fixed_window.lua's.
+-- Each decision's keys and arguments are lua/fixed_window.lua's, or
+-- lua/fixed_window_lease.lua's (six arguments: a lease request, decided and
+-- answered as that script would, so a lease rides in a batch like any
+-- decision).
 -- `int` comes from lua/prelude.lua, `num` from lua/batch_prelude.lua.
 
 local state, order = {}, {}
@@ -32,7 +35,7 @@ end
 
 -- One decision: keys KEYS[k + 1 .. k + n], arguments ARGV[a + 1 ..] (see
 -- lua/batch.lua), `now` from Redis TIME or nil.
-local function decide(k, n, a, _, now)
+local function decide(k, n, a, na, now)
   now = now or num(ARGV[a + 1])
   local cost = num(ARGV[a + 2])
   if n == 1 then
@@ -42,6 +45,13 @@ local function decide(k, n, a, _, now)
     local s = window_of(KEYS[k + 1], now, num(ARGV[a + 4]))
     if s.c + cost > limit then
       return struct.pack('>Hlllllll', 7, 0, limit, math.min(s.c, limit), s.r, s.r - now, now, 0)
+    end
+    if na == 6 then
+      local want, span = num(ARGV[a + 5]), num(ARGV[a + 6])
+      if s.r - now < span then want = math.floor(want * (s.r - now) / span) end
+      local lease = math.min(want, math.floor((limit - s.c - cost) / 2))
+      s.c, s.added = s.c + cost + lease, s.added + cost + lease
+      return struct.pack('>Hlllllllll', 9, 1, limit, s.c, s.r, -1, now, 0, s.r, lease)
     end
     s.c, s.added = s.c + cost, s.added + cost
     return struct.pack('>Hllllllll', 8, 1, limit, s.c, s.r, -1, now, 0, s.r)

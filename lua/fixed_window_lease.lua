@@ -1,6 +1,7 @@
 -- tollgate: a fixed window's decision that also leases a hot caller a slice
 -- of its budget (one quota). Mirrors src/strategy/lease.rs and the fixed
--- window's one-quota path (lua/fixed_window.lua); change them together.
+-- window's one-quota path (lua/fixed_window.lua), and the lease branch of
+-- lua/fixed_window_batch.lua, which runs it in a batch; change them together.
 -- The decision itself is the fixed window's: the same check, the same
 -- reply. On a pass it charges `cost` plus the lease, never more than half
 -- of what the window has left after `cost` (the rest stays for the other

@@ -224,6 +224,45 @@ async fn two_servers_with_default_leases_hold_every_callers_limit_in_a_crowd() {
     }
 }
 
+/// A crowd's leases ride in batches with its other decisions (the fixed
+/// window's batch twin takes them): 64 callers each taking a lease at once
+/// cost far fewer script calls than one a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowds_lease_requests_go_out_in_batches() {
+    let redis = RedisServer::start();
+    let (prefix, clock) = (unique_prefix("lease-batched"), ManualClock::new(T0));
+    let policy = Policy::fixed_window("core", per_minute(1_000));
+    let url = redis.url();
+    let server = store(&url, &prefix, &clock, Some(Leases::new())).await;
+    let closed = FailurePolicy::closed(Duration::from_secs(1));
+    let app = app(server.clone(), &policy, closed, Duration::from_secs(10));
+    let calls_before = evalsha_calls(&redis);
+    // Each caller is decided 6 times: its fourth decision takes a lease of
+    // four, two of which it spends.
+    let requests: Vec<_> = (0..6)
+        .flat_map(|_| 0..64)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move { hit(&app, &format!("caller-{i}")).await })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    let calls = evalsha_calls(&redis) - calls_before;
+    let reader = store(&url, &prefix, &clock, None).await;
+    let mut leased = 0;
+    for i in 0..64 {
+        let charged = used_in_redis(&reader, &policy, &caller(&format!("caller-{i}"))).await;
+        leased += u64::from(charged > 6);
+    }
+    assert!(leased >= 32, "{leased} of 64 callers took a lease");
+    assert!(
+        calls < leased,
+        "{calls} script calls for {leased} leases and more decisions"
+    );
+}
+
 /// Scripts Redis ran (`EVALSHA`) since it started.
 fn evalsha_calls(redis: &RedisServer) -> u64 {
     command_calls(redis).get("evalsha").copied().unwrap_or(0)

@@ -207,6 +207,10 @@ static LEASE: LazyLock<LeaseScripts> = LazyLock::new(|| {
         "fixed_window_lease_caller",
         include_str!("../../lua/fixed_window_lease.lua"),
     )
+    .batched(LuaScript::batch_with(
+        "fixed_window_batch",
+        include_str!("../../lua/fixed_window_batch.lua"),
+    ))
 });
 
 /// This strategy's scripts, built once.

@@ -226,18 +226,23 @@ impl RedisStore {
         };
         let (script, mut args) =
             lease::call(policy, self.script_now(), cost, want, table.options.span);
-        args::with_until(&mut args, self.until(deadline));
+        let until = self.until(deadline);
         let mut keys = self.inner.keys.quota_keys(policy, key);
         if policy.has_caller_rules() {
             self.add_caller_rules(policy, key, &mut keys, &mut args);
         }
-        let value = self
-            .inner
-            .conn
-            .eval(script, &keys, &args, false)
-            .await
-            .map_err(|err| script.error(err))?;
-        let (mut decision, leased) = self.heard(policy, reply::integers(value)?)?.leased(cost)?;
+        // In a batch where the strategy's batch twin takes leases (the
+        // fixed window's), else alone.
+        let batcher = script.batch().and(self.batcher_for(&keys));
+        let ints = match batcher {
+            Some(batcher) => batcher.eval(script, keys, args, until).await?,
+            None => {
+                args::with_until(&mut args, until);
+                let call = Box::pin(self.inner.conn.eval(script, &keys, &args, false));
+                reply::integers(call.await.map_err(|err| script.error(err))?)?
+            }
+        };
+        let (mut decision, leased) = self.heard(policy, ints)?.leased(cost)?;
         if decision.allowed && leased > 0 {
             let spending = lease::spending(policy)
                 .expect("only leasing policies take leases")
