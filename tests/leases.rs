@@ -104,23 +104,35 @@ async fn crowd(apps: &[Router], caller: &str, n: usize) -> u64 {
     passed
 }
 
+/// Two servers leasing with `leases` on one Redis, and an app on each.
+/// Closed, with a deadline no call misses on a busy machine: every 200 is
+/// a decision of the limit, and every lease reached its server.
+async fn two_servers(
+    url: &str,
+    prefix: &str,
+    clock: &ManualClock,
+    policy: &Policy,
+    leases: Leases,
+) -> ([RedisStore; 2], Vec<Router>) {
+    let servers = [
+        store(url, prefix, clock, Some(leases.clone())).await,
+        store(url, prefix, clock, Some(leases)).await,
+    ];
+    let closed = FailurePolicy::closed(Duration::from_secs(1));
+    let apps = servers
+        .iter()
+        .map(|s| app(s.clone(), policy, closed.clone(), Duration::from_secs(10)))
+        .collect();
+    (servers, apps)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_on_one_redis_admit_at_most_the_limit() {
     let redis = RedisServer::start();
     let (prefix, clock) = (unique_prefix("lease-two"), ManualClock::new(T0));
     let policy = Policy::fixed_window("core", per_minute(50));
     let url = redis.url();
-    let servers = [
-        store(&url, &prefix, &clock, Some(leases())).await,
-        store(&url, &prefix, &clock, Some(leases())).await,
-    ];
-    // Closed, with a deadline no call misses on a busy machine: every 200
-    // is a decision of the limit, and every lease reached its server.
-    let closed = FailurePolicy::closed(Duration::from_secs(1));
-    let apps: Vec<Router> = servers
-        .iter()
-        .map(|s| app(s.clone(), &policy, closed.clone(), Duration::from_secs(10)))
-        .collect();
+    let (servers, apps) = two_servers(&url, &prefix, &clock, &policy, leases()).await;
 
     let admitted = crowd(&apps, "hot", 200).await;
     assert!(admitted <= 50, "admitted {admitted} of a limit of 50");
@@ -160,15 +172,7 @@ async fn two_servers_with_default_leases_hold_every_callers_limit_in_a_crowd() {
     let (prefix, clock) = (unique_prefix("lease-crowd"), ManualClock::new(T0));
     let policy = Policy::fixed_window("core", per_minute(40));
     let url = redis.url();
-    let servers = [
-        store(&url, &prefix, &clock, Some(Leases::new())).await,
-        store(&url, &prefix, &clock, Some(Leases::new())).await,
-    ];
-    let closed = FailurePolicy::closed(Duration::from_secs(1));
-    let apps: Vec<Router> = servers
-        .iter()
-        .map(|s| app(s.clone(), &policy, closed.clone(), Duration::from_secs(10)))
-        .collect();
+    let (servers, apps) = two_servers(&url, &prefix, &clock, &policy, Leases::new()).await;
     // A Zipf crowd in small: caller i asks 120 / i times (the first three
     // reach the limit), the requests of all of them interleaved and sent
     // to the two servers in turn.
