@@ -27,7 +27,7 @@ use tollgate::store::Leases;
 use tollgate::{HeaderKey, PeerIp, Policy, Quota, RateLimitLayer, RedisStore, Store};
 use tower::util::MapResponseLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
+use tower_governor::key_extractor::{KeyExtractor, PeerIpKeyExtractor};
 use tower_governor::{GovernorError, GovernorLayer};
 
 use super::{lineup, tigerfeeding, Zoo};
@@ -182,17 +182,7 @@ impl KeyExtractor for ApiKey {
 /// tower_governor at `quota`'s rate, as [`governor`], keyed by `X-Api-Key`;
 /// with its two headers when `headers`.
 fn governor_by_api_key(quota: Quota, headers: bool) -> Result<MethodRouter<Zoo>, String> {
-    let period = (quota.window() / quota.limit()).max(Duration::from_nanos(1));
-    let mut builder = GovernorConfigBuilder::default().key_extractor(ApiKey);
-    builder.period(period).burst_size(quota.limit());
-    let invalid = || format!("tower_governor refuses {quota:?}");
-    Ok(if headers {
-        let config = builder.use_headers().finish().ok_or_else(invalid)?;
-        get(tigerfeeding).layer(GovernorLayer::new(config))
-    } else {
-        let config = builder.finish().ok_or_else(invalid)?;
-        get(tigerfeeding).layer(GovernorLayer::new(config))
-    })
+    governor_keyed(quota, ApiKey, headers)
 }
 
 /// tower_governor's GCRA at `quota`'s rate (one unit every `window /
@@ -200,8 +190,17 @@ fn governor_by_api_key(quota: Quota, headers: bool) -> Result<MethodRouter<Zoo>,
 /// `use_headers()` (`x-ratelimit-limit` and `-remaining` on a pass) when
 /// `headers`.
 fn governor(quota: Quota, headers: bool) -> Result<MethodRouter<Zoo>, String> {
+    governor_keyed(quota, PeerIpKeyExtractor, headers)
+}
+
+/// [`governor`], keyed by `key`.
+fn governor_keyed<K>(quota: Quota, key: K, headers: bool) -> Result<MethodRouter<Zoo>, String>
+where
+    K: KeyExtractor + Send + Sync + 'static,
+    K::Key: Send + Sync + 'static,
+{
     let period = (quota.window() / quota.limit()).max(Duration::from_nanos(1));
-    let mut builder = GovernorConfigBuilder::default();
+    let mut builder = GovernorConfigBuilder::default().key_extractor(key);
     builder.period(period).burst_size(quota.limit());
     let invalid = || format!("tower_governor refuses {quota:?}");
     Ok(if headers {
