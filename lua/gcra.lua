@@ -9,7 +9,8 @@
 -- max(tat, now) + cost * T - now <= burst * T. The key expires one second
 -- after the TAT; expiry only cleans up (a TAT in the past is a full bucket).
 --
--- KEYS[1]   string: TAT, µs since epoch
+-- KEYS[1]   string: TAT, µs since epoch, and what refunds gave back
+--           (lua/tat.lua)
 -- ARGV[1]   now, µs since epoch; -1 reads Redis TIME
 -- ARGV[2]   cost in units; 0 looks without writing (the peek reuses this script)
 -- ARGV[3]   T, the emission interval, µs per unit
@@ -18,14 +19,15 @@
 -- Reply, integers only:
 --   {allowed 1|0, limit (burst), used (burst - remaining), reset_at µs (TAT:
 --    the bucket is full again), retry_after µs or -1, now µs, quota 0,
---    [on a pass: the TAT set, the refund stamp; T, the µs each unit was
---    charged as, which a give-back moves the TAT by]}
+--    [on a pass: the refund stamps, the TAT set and the key's GIVEN; T,
+--    the µs each unit was charged as, which a give-back moves the TAT by]}
 --
 -- dry_run   true in the store's no-writes twin of this script (peeks and
 --           pre-checks, which may run on replicas; lua/peek.lua passes it):
 --           it then decides as if charging `cost` and writes nothing
 --
--- `int` comes from lua/prelude.lua, which the store puts first.
+-- `int` comes from lua/prelude.lua, which the store puts first;
+-- `tat_of` and `tat_value` from lua/tat.lua.
 
 -- floor(a / b) for integers below 2^53: a double quotient can round up to
 -- the next integer, so correct it with exact products.
@@ -48,7 +50,7 @@ local limit = ARGV[4] + 0
 local tolerance = t * limit
 
 local start = now
-local stored = tonumber(redis.call('GET', KEYS[1]))
+local stored, given = tat_of(redis.call('GET', KEYS[1]))
 if stored and stored > now then start = stored end
 
 -- What could pass right now if the TAT were `at`, rounded down.
@@ -66,6 +68,6 @@ if next - now > tolerance then
   return {0, limit, used_now, start, next - tolerance - now, now, 0}
 end
 if cost > 0 and not dry_run then
-  redis.call('SET', KEYS[1], int(next), 'PX', int(math.ceil((next - now) / 1000) + 1000))
+  redis.call('SET', KEYS[1], tat_value(next, given), 'PX', int(math.ceil((next - now) / 1000) + 1000))
 end
-return {1, limit, limit - remaining(next), next, -1, now, 0, next, t}
+return {1, limit, limit - remaining(next), next, -1, now, 0, next, given, t}

@@ -41,7 +41,7 @@ local function decide(k, _, a, _, now)
     s.value, s.px = next, math.ceil((next - now) / 1000) + 1000
   end
   local left = idiv(math.max(tolerance - (next - now), 0), t)
-  return struct.pack('>Hlllllllll', 9, 1, limit, limit - left, next, -1, now, 0, next, t)
+  return struct.pack('>Hllllllllll', 10, 1, limit, limit - left, next, -1, now, 0, next, s.given, t)
 end
 
 -- Writes back each TAT a pass moved, with the last pass's expiry.

@@ -6,9 +6,9 @@
 -- servers). The server spends the lease in memory while it decays by one
 -- unit per emission interval (so the bucket, refilling meanwhile, never
 -- holds more than `burst` with the lease counted), and gives back what is
--- left with lua/gcra_refund.lua.
+-- left with lua/bucket_refund.lua.
 --
--- KEYS[1]   string: TAT, µs since epoch (as in gcra.lua)
+-- KEYS[1]   string: TAT, µs since epoch, and GIVEN (as in gcra.lua)
 -- ARGV[1]   now, µs since epoch; -1 reads Redis TIME (lua/timed.lua folds the
 --           deadline in)
 -- ARGV[2]   cost in units, at least 1
@@ -21,10 +21,11 @@
 -- Reply, integers only:
 --   {allowed 1|0, limit (burst), used (burst - remaining, the lease
 --    included), reset_at µs (TAT), retry_after µs or -1, now µs, quota 0,
---    [on a pass: the TAT set (the refund stamp), T (the µs each unit was
---    charged as), units leased]}
+--    [on a pass: the TAT set and GIVEN (the refund stamps), T (the µs
+--    each unit was charged as), units leased]}
 --
--- `int` comes from lua/prelude.lua, which the store puts first.
+-- `int` comes from lua/prelude.lua, which the store puts first;
+-- `tat_of` and `tat_value` from lua/tat.lua.
 
 -- floor(a / b) for integers below 2^53 (as in gcra.lua).
 local function idiv(a, b)
@@ -44,7 +45,7 @@ local limit = ARGV[4] + 0
 local tolerance = t * limit
 
 local start = now
-local stored = tonumber(redis.call('GET', KEYS[1]))
+local stored, given = tat_of(redis.call('GET', KEYS[1]))
 if stored and stored > now then start = stored end
 
 local function remaining(at)
@@ -61,5 +62,5 @@ if next - now > tolerance then
 end
 local lease = math.min(ARGV[5] + 0, math.floor(remaining(next) / 2))
 next = next + lease * t
-redis.call('SET', KEYS[1], int(next), 'PX', int(math.ceil((next - now) / 1000) + 1000))
-return {1, limit, limit - remaining(next), next, -1, now, 0, next, t, lease}
+redis.call('SET', KEYS[1], tat_value(next, given), 'PX', int(math.ceil((next - now) / 1000) + 1000))
+return {1, limit, limit - remaining(next), next, -1, now, 0, next, given, t, lease}

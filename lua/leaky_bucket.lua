@@ -8,7 +8,8 @@
 -- next_free that is not after `now` is an empty bucket, expired or not.
 -- The key expires one second after the bucket empties; expiry only cleans up.
 --
--- KEYS[1]  string: next_free, µs since epoch
+-- KEYS[1]  string: next_free, µs since epoch, with what refunds gave back
+--          (lua/tat.lua: a leaky bucket's next_free is its TAT)
 -- ARGV[1]  now, µs since epoch; -1 reads Redis TIME (one clock for all app servers)
 -- ARGV[2]  cost in units; 0 looks without writing (the peek reuses this script)
 -- ARGV[3]  capacity, in units
@@ -17,7 +18,8 @@
 -- Reply, integers only:
 --   {allowed 1|0, limit (= capacity), used, reset_at µs (bucket empty),
 --    retry_after µs or -1, now µs, reported quota (always 0),
---    and on a pass: slot end µs (the refund stamp), the interval (the µs
+--    and on a pass: slot end µs and the key's GIVEN (the refund stamps),
+--    the interval (the µs
 --    each unit was charged as, which a give-back moves the bucket by), delay
 --    µs before leaving}
 --
@@ -25,7 +27,8 @@
 --          pre-checks, which may run on replicas; lua/peek.lua passes it): it
 --          then decides as if charging `cost` and writes nothing
 --
--- `int` comes from lua/prelude.lua, which the store puts first.
+-- `int` comes from lua/prelude.lua, which the store puts first;
+-- `tat_of` and `tat_value` from lua/tat.lua.
 
 -- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
 -- converts it twice (strtod each time).
@@ -47,7 +50,7 @@ local function ceil_div(a, b)
   return q
 end
 
-local free_at = tonumber(redis.call('GET', KEYS[1]))
+local free_at, given = tat_of(redis.call('GET', KEYS[1]))
 if not free_at or free_at <= now then free_at = now end
 local level = free_at - now
 local full = capacity * interval
@@ -60,6 +63,6 @@ end
 
 local finish = free_at + cost * interval
 if cost > 0 and not dry_run then
-  redis.call('SET', KEYS[1], int(finish), 'PX', int(math.ceil((finish - now) / 1000) + 1000))
+  redis.call('SET', KEYS[1], tat_value(finish, given), 'PX', int(math.ceil((finish - now) / 1000) + 1000))
 end
-return {1, capacity, ceil_div(after, interval), finish, -1, now, 0, finish, interval, level}
+return {1, capacity, ceil_div(after, interval), finish, -1, now, 0, finish, given, interval, level}

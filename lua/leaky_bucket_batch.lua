@@ -39,8 +39,8 @@ local function decide(k, _, a, _, now)
   if cost > 0 then
     s.value, s.px = finish, math.ceil((finish - now) / 1000) + 1000
   end
-  return struct.pack('>Hllllllllll', 10, 1, capacity, ceil_div(after, interval), finish, -1, now, 0,
-    finish, interval, level)
+  return struct.pack('>Hlllllllllll', 11, 1, capacity, ceil_div(after, interval), finish, -1, now, 0,
+    finish, s.given, interval, level)
 end
 
 -- Writes back each next_free a pass moved, with the last pass's expiry.

@@ -90,11 +90,14 @@ impl PolicyLimits {
         }
     }
 
-    /// When the first of them ends (µs), if one has an end.
-    pub(crate) fn next_end(&self) -> Option<u64> {
+    /// When the first of them still in force after `now` ends (µs), if
+    /// one has an end: one that ended already is no longer a change to
+    /// come.
+    pub(crate) fn next_end_after(&self, now: u64) -> Option<u64> {
         [&self.limit, &self.cap]
             .into_iter()
             .filter_map(|o| o.as_ref()?.until_micros())
+            .filter(|&end| end > now)
             .min()
     }
 

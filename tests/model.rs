@@ -522,3 +522,93 @@ proptest! {
         })?;
     }
 }
+
+/// Sequences that once let too much through, each run on every strategy
+/// and store.
+#[test]
+fn sequences_that_once_broke_the_limit_hold() {
+    use Op::*;
+    let check = |cost| Check { cost };
+    let back = |pick| GiveBack { pick };
+    let wait = |micros| Wait { micros };
+    let over = |limit| Override {
+        limit: Some(limit),
+        lasts: 0,
+    };
+    let rows: Vec<(&str, Vec<Op>)> = vec![
+        (
+            "a charge given back after it drained, under a later limit",
+            vec![
+                check(1),
+                check(3),
+                over(20),
+                wait(144_645),
+                check(1),
+                wait(300_000),
+                check(1),
+                check(1),
+                check(1),
+                back(2),
+                back(2),
+                check(1),
+                over(3),
+                back(4),
+                wait(386_740),
+                check(1),
+                back(2),
+                wait(36_184),
+                back(2),
+                wait(132_431),
+                check(1),
+                check(1),
+                back(1),
+                check(1),
+                wait(600_000),
+                check(1),
+                check(1),
+                check(1),
+            ],
+        ),
+        (
+            "a charge given back after one before it was: its stamp is stale",
+            vec![
+                check(2),
+                check(2),
+                wait(100_000),
+                back(0),
+                wait(400_000),
+                check(1),
+                check(1),
+                check(1),
+                check(1),
+                wait(50_000),
+                back(0),
+                check(1),
+                check(1),
+                check(1),
+                check(1),
+                wait(850_000),
+                check(1),
+                check(1),
+                check(1),
+                check(1),
+                wait(90_000),
+                check(1),
+                check(1),
+                check(1),
+                check(1),
+            ],
+        ),
+    ];
+    RUNTIME.block_on(async {
+        for (row, steps) in &rows {
+            for case in cases() {
+                for on in [On::Memory, On::Redis, On::Leasing] {
+                    if let Err(e) = run(&case, on, steps).await {
+                        panic!("{row}: {e}");
+                    }
+                }
+            }
+        }
+    });
+}

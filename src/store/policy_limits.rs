@@ -80,11 +80,7 @@ impl RuntimeLimits {
         let mut fresh = ByPolicy::clone(&self.snapshot.load());
         let known = fresh.get_mut(name)?.get_mut(strategy)?;
         let in_force = known.limits.policy_in_force(policy, now).map(Arc::new);
-        let until = known
-            .limits
-            .next_end()
-            .filter(|&end| end > now)
-            .unwrap_or(u64::MAX);
+        let until = known.limits.next_end_after(now).unwrap_or(u64::MAX);
         known.in_force = Some(InForce {
             base: policy.quotas().into(),
             policy: in_force.clone(),
@@ -237,6 +233,25 @@ mod tests {
         assert!(
             limits.policy_in_force(&policy, || 0).is_none(),
             "a newer read does"
+        );
+    }
+
+    /// A cap kept while a limit that had already ended was on record still
+    /// ends on time (the model proptest found one kept forever).
+    #[test]
+    fn a_kept_limit_ends_on_time_beside_one_that_ended_already() {
+        let per_min = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+        let policy = Policy::fixed_window("search", per_min(100)).adjustable();
+        let limits = RuntimeLimits::default();
+        let limit = Override::new(per_min(1)).ending_at_micros(1);
+        limits.set(&policy, PolicyLimit::Limit, Some(limit));
+        let cap = Override::new(per_min(3)).ending_at_micros(1_000);
+        limits.set(&policy, PolicyLimit::Cap, Some(cap));
+        let capped = limits.policy_in_force(&policy, || 500);
+        assert_eq!(capped.expect("the cap is in force").quotas()[0].limit(), 3);
+        assert!(
+            limits.policy_in_force(&policy, || 1_000).is_none(),
+            "the cap ended at 1,000 µs"
         );
     }
 }

@@ -7,10 +7,13 @@
 //! `burst` units, and the state is the theoretical arrival time `tat`: the
 //! moment the bucket would be full again. A request of `cost` conforms when
 //! `max(tat, now) + cost × T − now ≤ burst × T`.
+//!
+//! A give-back moves the TAT back as `strategy/bucket.rs` says.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use super::bucket::{charge, refund, Bucket};
 #[cfg(feature = "redis")]
 use super::fixed_window::signed;
 use super::fixed_window::EXPIRY_GRACE_MICROS;
@@ -61,11 +64,12 @@ pub(crate) fn validate(quotas: &[Quota], burst: NonZeroU32) -> Result<(), Config
     Ok(())
 }
 
-/// Decides, and on a pass moves `tat` forward by `cost × T`. A stored `tat`
-/// in the past means a full bucket. With `cost == 0` nothing is written.
+/// Decides, and on a pass moves the TAT forward by `cost × T`. A TAT in
+/// the past means a full bucket. With `cost == 0` nothing is written.
+/// A pass's receipt stamps are the TAT it set and the bucket's `given`.
 #[inline]
 pub(crate) fn check(
-    tat: &mut Option<u64>,
+    bucket: &mut Option<Bucket>,
     quota: &Quota,
     burst: u32,
     now: u64,
@@ -74,7 +78,8 @@ pub(crate) fn check(
     let t = interval(quota);
     let limit = u64::from(burst);
     let tolerance = t * limit;
-    let start = tat.map_or(now, |tat| tat.max(now));
+    let given = bucket.map_or(0, |b| b.given);
+    let start = bucket.map_or(now, |b| b.tat.max(now));
     // What could pass right now if the bucket's tat were `at`, rounded down.
     let remaining = |at: u64| tolerance.saturating_sub(at - now) / t;
     let used_now = limit - remaining(start);
@@ -89,10 +94,10 @@ pub(crate) fn check(
         return Decision::rejected(limit, used_now, start, now, next - tolerance - now);
     }
     if cost > 0 {
-        *tat = Some(next);
+        *bucket = Some(Bucket { tat: next, given });
     }
     Decision::allowed(limit, limit - remaining(next), next, now)
-        .with_receipt(Receipt::of(cost, [next]).in_units_of(t))
+        .with_receipt(Receipt::of(cost, [next, given]).in_units_of(t))
 }
 
 /// The µs a unit of `receipt` was charged as: the interval of the policy
@@ -102,43 +107,16 @@ pub(crate) fn unit_of(receipt: &Receipt, quota: &Quota) -> u64 {
     receipt.unit_micros().unwrap_or_else(|| interval(quota))
 }
 
-/// Moves `tat` back by `cost × T` (`unit` is the T the charge was made
-/// with), never before `now`, and never before the start of the charge
-/// stamped `stamp` (the `tat` it set), so refunding one receipt twice
-/// cannot give back other requests' units.
-pub(crate) fn refund(tat: &mut Option<u64>, unit: u64, now: u64, stamp: u64, cost: u64) {
-    if let Some(at) = tat.as_mut().filter(|at| **at > now) {
-        let back = cost.saturating_mul(unit);
-        *at = at
-            .saturating_sub(back)
-            .max(stamp.saturating_sub(back))
-            .max(now);
-    }
-}
-
-/// Charges `extra` units more than the pass stamped `stamp` charged, in
-/// the pass's own units of `unit` µs, without checking the limit (a
-/// settle's overspend): the TAT moves `extra × T` past itself (or past `now`, for a full bucket). Only while
-/// that charge would not yet have drained had it come with the pass
-/// (`stamp + extra × T > now`): a settle that arrives later changes
-/// nothing, as a late refund does. Whether it moved.
-pub(crate) fn charge(tat: &mut Option<u64>, unit: u64, now: u64, stamp: u64, extra: u64) -> bool {
-    let more = extra.saturating_mul(unit);
-    if stamp.saturating_add(more) <= now {
-        return false;
-    }
-    let from = tat.map_or(now, |at| at.max(now));
-    *tat = Some(from.saturating_add(more));
-    true
-}
-
 /// Its lease script, built once (`strategy/lease.rs`).
 #[cfg(feature = "redis")]
 static LEASE: LazyLock<LeaseScripts> = LazyLock::new(|| {
     LeaseScripts::new(
         "gcra_lease",
         "gcra_lease_caller",
-        include_str!("../../lua/gcra_lease.lua"),
+        concat!(
+            include_str!("../../lua/tat.lua"),
+            include_str!("../../lua/gcra_lease.lua")
+        ),
     )
 });
 
@@ -147,9 +125,12 @@ static LEASE: LazyLock<LeaseScripts> = LazyLock::new(|| {
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
     Trio::new(
         "gcra",
-        include_str!("../../lua/gcra.lua"),
+        concat!(
+            include_str!("../../lua/tat.lua"),
+            include_str!("../../lua/gcra.lua")
+        ),
         Some(include_str!("../../lua/gcra_batch.lua")),
-        LuaScript::refund("gcra_refund", include_str!("../../lua/gcra_refund.lua")),
+        LuaScript::refund("gcra_refund", super::bucket::REFUND_LUA),
     )
 });
 
@@ -207,13 +188,13 @@ impl Algorithm for Gcra {
     ) -> Decision {
         let burst = burst_of(policy.strategy());
         shard.update(keys.first(), now, |live, write| {
-            let mut tat = match live {
-                Some(State::Tat(at)) => Some(*at),
+            let mut bucket = match live {
+                Some(State::Tat(b)) => Some(*b),
                 _ => None,
             };
-            let decision = check(&mut tat, &policy.quotas()[0], burst.get(), now, cost);
-            if let (true, true, Some(at)) = (decision.allowed, cost > 0, tat) {
-                *write = Some((State::Tat(at), at + EXPIRY_GRACE_MICROS));
+            let decision = check(&mut bucket, &policy.quotas()[0], burst.get(), now, cost);
+            if let (true, true, Some(b)) = (decision.allowed, cost > 0, bucket) {
+                *write = Some((State::Tat(b), b.tat + EXPIRY_GRACE_MICROS));
             }
             decision
         })
@@ -227,12 +208,11 @@ impl Algorithm for Gcra {
         now: u64,
         receipt: &Receipt,
     ) {
-        let stamp = receipt.stamps().first();
-        if let (Some(State::Tat(at)), Some(&stamp)) = (shard.get_mut(keys.first(), now), stamp) {
-            let mut tat = Some(*at);
+        if let Some(State::Tat(b)) = shard.get_mut(keys.first(), now) {
+            let mut bucket = Some(*b);
             let unit = unit_of(receipt, &policy.quotas()[0]);
-            refund(&mut tat, unit, now, stamp, receipt.cost());
-            *at = tat.unwrap_or(*at);
+            refund(&mut bucket, unit, now, receipt.stamps(), receipt.cost());
+            *b = bucket.unwrap_or(*b);
         }
     }
 
@@ -254,15 +234,15 @@ impl Algorithm for Gcra {
             return;
         };
         shard.update(keys.first(), now, |live, write| {
-            let mut tat = match live {
-                Some(State::Tat(at)) => Some(*at),
+            let mut bucket = match live {
+                Some(State::Tat(b)) => Some(*b),
                 _ => None,
             };
             let unit = unit_of(receipt, &policy.quotas()[0]);
-            if charge(&mut tat, unit, now, stamp, extra)
-                && let Some(at) = tat
+            if charge(&mut bucket, unit, now, stamp, extra)
+                && let Some(b) = bucket
             {
-                *write = Some((State::Tat(at), at + EXPIRY_GRACE_MICROS));
+                *write = Some((State::Tat(b), b.tat + EXPIRY_GRACE_MICROS));
             }
         })
     }
@@ -340,7 +320,7 @@ impl Algorithm for Gcra {
     }
 }
 
-/// `lua/gcra_refund.lua`'s call: now, `units` to give back (negative: to
+/// `lua/bucket_refund.lua`'s call: now, `units` to give back (negative: to
 /// charge), the T they were charged in, the stamp.
 #[cfg(feature = "redis")]
 fn refund_call(policy: &Policy, now: ScriptNow, receipt: &Receipt, units: i64) -> GiveBack {
@@ -379,14 +359,14 @@ mod tests {
     #[test]
     fn a_full_bucket_passes_burst_then_one_per_interval() {
         let quota = Quota::new(1, Duration::from_secs(1)).unwrap();
-        let mut tat = None;
+        let mut bucket = None;
         for left in (0..3).rev() {
-            assert_eq!(check(&mut tat, &quota, 3, 0, 1).remaining, left);
+            assert_eq!(check(&mut bucket, &quota, 3, 0, 1).remaining, left);
         }
-        let d = check(&mut tat, &quota, 3, 0, 1);
+        let d = check(&mut bucket, &quota, 3, 0, 1);
         assert_eq!(d.retry_after, Some(Duration::from_secs(1)));
         assert_eq!(d.reset_at_micros, 3_000_000, "full again at tat");
-        assert!(check(&mut tat, &quota, 3, 1_000_000, 1).allowed);
+        assert!(check(&mut bucket, &quota, 3, 1_000_000, 1).allowed);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A leaky bucket that shapes traffic, as "virtual scheduling".
 //!
-//! Mirrors `lua/leaky_bucket.lua` and `lua/leaky_bucket_refund.lua` line for
-//! line; change them together.
+//! Mirrors `lua/leaky_bucket.lua` line for line; change them together. A
+//! give-back moves `next_free` back as GCRA's TAT (`strategy/bucket.rs`).
 //!
 //! The only state is `next_free`: the time (µs) at which the bucket will be
 //! empty, which is also the earliest time the next request may leave. A
@@ -16,6 +16,7 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use super::bucket::{charge, refund, Bucket};
 #[cfg(feature = "redis")]
 use super::fixed_window::signed;
 use super::{Algorithm, Settles, Strategy};
@@ -29,7 +30,7 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, GiveBack, ScriptNow};
+use crate::store::redis::args::{int, stamps, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::reply::Decided;
 #[cfg(feature = "redis")]
@@ -68,15 +69,17 @@ pub(crate) fn validate(quota: &Quota, capacity: NonZeroU32) -> Result<(), Config
 /// Decides, and on a pass with `cost > 0` moves `next_free`.
 ///
 /// A stored `next_free` that is not after `now` is an empty bucket. The
-/// pass's receipt stamp is the time its slot ends (the new `next_free`).
+/// pass's receipt stamps are the time its slot ends (the new `next_free`)
+/// and the bucket's `given` (see `strategy/bucket.rs`).
 pub(crate) fn check(
-    next_free: &mut Option<u64>,
+    bucket: &mut Option<Bucket>,
     capacity: u64,
     interval: u64,
     now: u64,
     cost: u64,
 ) -> Decision {
-    let free_at = next_free.filter(|&t| t > now).unwrap_or(now);
+    let given = bucket.map_or(0, |b| b.given);
+    let free_at = bucket.map(|b| b.tat).filter(|&t| t > now).unwrap_or(now);
     let level = free_at - now;
     let full = capacity * interval;
     let after = level + cost * interval;
@@ -86,11 +89,11 @@ pub(crate) fn check(
     }
     let end = free_at + cost * interval;
     if cost > 0 {
-        *next_free = Some(end);
+        *bucket = Some(Bucket { tat: end, given });
     }
     Decision::allowed(capacity, after.div_ceil(interval), end, now)
         .delayed(level)
-        .with_receipt(Receipt::of(cost, [end]).in_units_of(interval))
+        .with_receipt(Receipt::of(cost, [end, given]).in_units_of(interval))
 }
 
 /// The µs a unit of `receipt` was charged as: the interval of the policy
@@ -102,57 +105,17 @@ fn unit_of(receipt: &Receipt, quota: &Quota) -> u64 {
         .unwrap_or_else(|| interval_micros(quota))
 }
 
-/// Gives back the slot ending at `stamp`: the bucket empties `cost·T`
-/// sooner, never before `now`. Only while that slot has not ended (a slot
-/// already used up cannot be given back) and is still in the bucket.
-///
-/// Requests already scheduled keep their times; the freed place goes to
-/// the next arrival. When the refunded slot was the last one this is
-/// exact; from the middle of the queue the next arrival may leave together
-/// with the request that was last in line, once per refund, while the rate
-/// over any longer span is kept.
-pub(crate) fn refund(next_free: &mut Option<u64>, stamp: u64, cost: u64, interval: u64, now: u64) {
-    if let Some(free_at) = next_free
-        && stamp > now
-        && stamp <= *free_at
-    {
-        *free_at = free_at.saturating_sub(cost * interval).max(now);
-    }
-}
-
-/// Charges `extra` units more than the pass whose slot ends at `stamp`
-/// took, without checking the capacity (a settle's overspend): the bucket
-/// empties `extra·T` later, counted from `next_free` (or `now`, for an
-/// empty bucket). Only while that charge would not yet have drained had it
-/// come with the pass (`stamp + extra·T > now`): a settle that arrives
-/// later changes nothing, as a late refund does. Whether it moved.
-pub(crate) fn charge(
-    next_free: &mut Option<u64>,
-    stamp: u64,
-    extra: u64,
-    interval: u64,
-    now: u64,
-) -> bool {
-    let more = extra.saturating_mul(interval);
-    if stamp.saturating_add(more) <= now {
-        return false;
-    }
-    let from = next_free.map_or(now, |t| t.max(now));
-    *next_free = Some(from.saturating_add(more));
-    true
-}
-
 /// This strategy's scripts, built once.
 #[cfg(feature = "redis")]
 static LUA: LazyLock<Trio> = LazyLock::new(|| {
     Trio::new(
         "leaky_bucket",
-        include_str!("../../lua/leaky_bucket.lua"),
-        Some(include_str!("../../lua/leaky_bucket_batch.lua")),
-        LuaScript::refund(
-            "leaky_bucket_refund",
-            include_str!("../../lua/leaky_bucket_refund.lua"),
+        concat!(
+            include_str!("../../lua/tat.lua"),
+            include_str!("../../lua/leaky_bucket.lua")
         ),
+        Some(include_str!("../../lua/leaky_bucket_batch.lua")),
+        LuaScript::refund("leaky_bucket_refund", super::bucket::REFUND_LUA),
     )
 });
 
@@ -209,15 +172,15 @@ impl Algorithm for LeakyBucket {
     ) -> Decision {
         let capacity = capacity_of(policy.strategy());
         let interval = interval_micros(&policy.quotas()[0]);
-        let mut next_free = match shard.get(keys.first(), now) {
-            Some(State::Leaky(t)) => Some(*t),
+        let mut bucket = match shard.get(keys.first(), now) {
+            Some(State::Leaky(b)) => Some(*b),
             _ => None,
         };
         let capacity = u64::from(capacity.get());
-        let d = check(&mut next_free, capacity, interval, now, cost);
-        if let (true, Some(t)) = (d.allowed && cost > 0, next_free) {
-            let expires = t + EXPIRY_GRACE_MICROS;
-            shard.put(keys.first(), State::Leaky(t), expires);
+        let d = check(&mut bucket, capacity, interval, now, cost);
+        if let (true, Some(b)) = (d.allowed && cost > 0, bucket) {
+            let expires = b.tat + EXPIRY_GRACE_MICROS;
+            shard.put(keys.first(), State::Leaky(b), expires);
         }
         d
     }
@@ -231,11 +194,10 @@ impl Algorithm for LeakyBucket {
         receipt: &Receipt,
     ) {
         let interval = unit_of(receipt, &policy.quotas()[0]);
-        if let Some(State::Leaky(t)) = shard.get_mut(keys.first(), now) {
-            let mut next_free = Some(*t);
-            let stamp = receipt.stamps().first().copied().unwrap_or(0);
-            refund(&mut next_free, stamp, receipt.cost(), interval, now);
-            *t = next_free.unwrap_or(*t);
+        if let Some(State::Leaky(b)) = shard.get_mut(keys.first(), now) {
+            let mut bucket = Some(*b);
+            refund(&mut bucket, interval, now, receipt.stamps(), receipt.cost());
+            *b = bucket.unwrap_or(*b);
         }
     }
 
@@ -254,15 +216,15 @@ impl Algorithm for LeakyBucket {
         extra: u64,
     ) {
         let interval = unit_of(receipt, &policy.quotas()[0]);
-        let mut next_free = match shard.get(keys.first(), now) {
-            Some(State::Leaky(t)) => Some(*t),
+        let mut bucket = match shard.get(keys.first(), now) {
+            Some(State::Leaky(b)) => Some(*b),
             _ => None,
         };
         let stamp = receipt.stamps().first().copied().unwrap_or(0);
-        if charge(&mut next_free, stamp, extra, interval, now)
-            && let Some(t) = next_free
+        if charge(&mut bucket, interval, now, stamp, extra)
+            && let Some(b) = bucket
         {
-            shard.put(keys.first(), State::Leaky(t), t + EXPIRY_GRACE_MICROS);
+            shard.put(keys.first(), State::Leaky(b), b.tat + EXPIRY_GRACE_MICROS);
         }
     }
 
@@ -324,17 +286,17 @@ impl Algorithm for LeakyBucket {
     }
 }
 
-/// `lua/leaky_bucket_refund.lua`'s call: now, `units` to give back
-/// (negative: to charge), the interval they were charged in, the slot's
-/// end.
+/// `lua/bucket_refund.lua`'s call: now, `units` to give back (negative:
+/// to charge), the interval they were charged in, the slot's end and the
+/// bucket's `given` then.
 #[cfg(feature = "redis")]
 fn refund_call(policy: &Policy, now: ScriptNow, receipt: &Receipt, units: i64) -> GiveBack {
-    let args = vec![
+    let mut args = vec![
         now.arg().to_string(),
         units.to_string(),
         unit_of(receipt, &policy.quotas()[0]).to_string(),
-        receipt.stamps().first().copied().unwrap_or(0).to_string(),
     ];
+    args.extend(stamps(receipt));
     GiveBack::Refund(&LUA.refund, args)
 }
 
@@ -386,16 +348,6 @@ mod tests {
     fn the_interval_rounds_up_so_the_rate_is_never_exceeded() {
         let q = Quota::new(3, Duration::from_secs(1)).unwrap();
         assert_eq!(interval_micros(&q), 333_334);
-    }
-
-    #[test]
-    fn refunds_never_move_the_bucket_before_now_nor_touch_used_slots() {
-        let mut nf = Some(1_500_000);
-        refund(&mut nf, 1_500_000, 10, T, 1_200_000);
-        assert_eq!(nf, Some(1_200_000));
-        let mut nf = Some(1_500_000);
-        refund(&mut nf, 1_100_000, 1, T, 1_200_000); // that slot is over
-        assert_eq!(nf, Some(1_500_000));
     }
 
     #[test]

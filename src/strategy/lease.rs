@@ -34,6 +34,7 @@
 //! granted against the limit the decision is judged by.
 
 use super::ALL;
+use crate::decision::Receipt;
 use crate::policy::Policy;
 use crate::store::redis::args::{int, ScriptNow};
 use crate::store::redis::script::{Args, LuaScript};
@@ -49,15 +50,20 @@ pub(crate) enum Spending {
 }
 
 impl Spending {
-    /// The refund stamp of a pass that leaves `left` units in a lease
-    /// charged at `stamp`: the window's end, or for GCRA the TAT the pass
-    /// would have left without the units still leased (a refund is floored
-    /// at its pass's TAT, as in the memory store).
-    pub(crate) fn stamp_of_pass(self, stamp: u64, left: u64) -> u64 {
-        match self {
-            Spending::Window => stamp,
-            Spending::Decaying { interval } => stamp.saturating_sub(left.saturating_mul(interval)),
-        }
+    /// The receipt of a pass of `cost` that leaves `left` units in a
+    /// lease charged at `stamp` (for GCRA, with the bucket's `given` then):
+    /// stamped with the window's end, or for GCRA with the TAT the pass
+    /// would have left without the units still leased and `given`, as the
+    /// memory store stamps a pass (`strategy/gcra.rs`).
+    pub(crate) fn pass_receipt(self, stamp: u64, given: u64, left: u64, cost: u64) -> Receipt {
+        let receipt = match self {
+            Spending::Window => Receipt::of(cost, [stamp]),
+            Spending::Decaying { interval } => Receipt::of(
+                cost,
+                [stamp.saturating_sub(left.saturating_mul(interval)), given],
+            ),
+        };
+        receipt.in_units_of(self.unit_micros())
     }
 
     /// The µs each unit of a pass from the lease is charged as (see

@@ -21,6 +21,7 @@
 //! which dispatch through [`Algorithm`]; `tests/layers.rs` keeps it so.
 
 pub(crate) mod aligned_window;
+pub(crate) mod bucket;
 pub(crate) mod concurrency;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;

@@ -17,13 +17,23 @@ pub(crate) enum State {
     Log(Log),
     /// A sliding-window counter.
     Counter(Counter),
-    /// A GCRA bucket's theoretical arrival time, µs.
-    Tat(u64),
-    /// A leaky bucket's `next_free`, µs.
-    Leaky(u64),
+    /// A GCRA bucket: its theoretical arrival time, µs, and what refunds
+    /// gave back.
+    Tat(Bucket),
+    /// A leaky bucket's `next_free`, µs, and what refunds gave back.
+    Leaky(Bucket),
     InFlight(InFlight),
     /// A caller's entry in its policy's penalty box.
     Penalty(crate::penalty::Record),
+}
+
+/// A bucket's state: its TAT (the leaky bucket's `next_free`), and the µs
+/// refunds have moved it back since the state was made, which only grows
+/// while the state lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Bucket {
+    pub tat: u64,
+    pub given: u64,
 }
 
 /// One quota's window: what was spent and when the window ends (µs).

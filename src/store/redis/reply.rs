@@ -204,15 +204,16 @@ impl Decided {
     }
 
     /// The reply of a strategy whose units are time (GCRA): the head,
-    /// then on a pass its stamp and the µs each unit was charged as, which
-    /// the receipt keeps for its give-back.
+    /// then on a pass its two stamps (the TAT set, the bucket's `given`)
+    /// and the µs each unit was charged as, which the receipt keeps for
+    /// its give-back.
     pub(crate) fn timed(self, cost: u64) -> Result<Decision, StoreError> {
         if self.outcome != Outcome::Passed {
             return Ok(self.decision(cost));
         }
-        if self.ints.len() != HEAD + 2 {
+        if self.ints.len() != HEAD + 3 {
             return Err(StoreError::protocol(format!(
-                "malformed reply {:?}: a pass without its stamp and unit",
+                "malformed reply {:?}: a pass without its stamps and unit",
                 self.ints
             )));
         }
@@ -228,14 +229,14 @@ impl Decided {
         decision
     }
 
-    /// A leaky bucket's reply: the head, then on a pass the slot end (the
-    /// receipt's stamp), the µs each unit was charged as, and the wait
-    /// before leaving, µs.
+    /// A leaky bucket's reply: the head, then on a pass the slot end and
+    /// the bucket's `given` (the receipt's stamps), the µs each unit was
+    /// charged as, and the wait before leaving, µs.
     pub(crate) fn shaped(mut self, cost: u64) -> Result<Decision, StoreError> {
         if self.outcome != Outcome::Passed {
             return Ok(self.decision(cost));
         }
-        if self.ints.len() != HEAD + 3 {
+        if self.ints.len() != HEAD + 4 {
             return Err(StoreError::protocol(
                 "leaky bucket reply without slot, unit and delay",
             ));
@@ -245,15 +246,15 @@ impl Decided {
     }
 
     /// A lease script's reply: the decision, and on a pass the units
-    /// leased beyond it, after its one stamp (and, for a strategy whose
-    /// units are time, the µs each unit was charged as).
+    /// leased beyond it, after its stamp (for a strategy whose units are
+    /// time, its two stamps and the µs each unit was charged as).
     pub(crate) fn leased(mut self, cost: u64) -> Result<(Decision, u64), StoreError> {
         if self.outcome != Outcome::Passed {
             return Ok((self.decision(cost), 0));
         }
         let timed = match self.ints.len() - HEAD {
             2 => false,
-            3 => true,
+            4 => true,
             _ => {
                 return Err(StoreError::protocol(format!(
                     "malformed lease reply {:?}",

@@ -95,12 +95,18 @@ pub fn row(kind: Kind, source: Source, give_back: GiveBack) -> Row {
             } else {
                 1
             };
+            // A bucket gets back what of the charge has not drained: of
+            // the first pass's 100 ms, 90 are left at 10 ms.
+            let end = match (kind, give_back) {
+                (Kind::Gcra | Kind::LeakyBucket, GiveBack::Refund) => 110,
+                _ => 100,
+            };
             vec![
                 setup,
                 (0, Check("ann", 1), first(1)),
                 (0, Check("ann", 1), second),
                 (10, Refund("ann", given), Done),
-                (10, Peek("ann"), after(9, 100)),
+                (10, Peek("ann"), after(9, end)),
             ]
         }
         GiveBack::SettleBelow => vec![

@@ -247,7 +247,11 @@ impl RedisStore {
             let spending = lease::spending(policy)
                 .expect("only leasing policies take leases")
                 .in_units_of(decision.receipt.unit_micros());
-            let lease_stamp = decision.receipt.stamps().first().copied().unwrap_or(0);
+            let (lease_stamp, lease_given) = match *decision.receipt.stamps() {
+                [stamp, given] => (stamp, given),
+                [stamp] => (stamp, 0),
+                _ => (0, 0),
+            };
             let lifetime = asked_at.saturating_add(table.options.lifetime);
             let window_left = decision.reset_at_micros.saturating_sub(decision.now_micros);
             let window_ends_at = match spending {
@@ -269,6 +273,7 @@ impl RedisStore {
                 ends_at: lifetime.min(spent_by),
                 window_ends_at,
                 stamp: lease_stamp,
+                given: lease_given,
                 limit: decision.limit,
                 left_in_redis: decision.remaining as i64,
                 reset_at: decision.reset_at_micros,
@@ -289,8 +294,7 @@ impl RedisStore {
             decision.remaining = (decision.remaining + leased).min(decision.limit);
             decision.used = decision.limit - decision.remaining;
             decision.spent = decision.used;
-            let stamp = spending.stamp_of_pass(lease_stamp, leased);
-            decision.receipt = Receipt::of(cost, [stamp]).in_units_of(spending.unit_micros());
+            decision.receipt = spending.pass_receipt(lease_stamp, lease_given, leased, cost);
         }
         let scope = policy.strategy().scope_of(decision.quota);
         Ok(decision.scoped(scope))

@@ -36,6 +36,9 @@ pub(super) struct Lease {
     pub(super) window_ends_at: u64,
     /// The refund stamp of what the lease charged.
     pub(super) stamp: u64,
+    /// For GCRA, the bucket's `given` when the lease was charged (its
+    /// receipt's second stamp, see `strategy/gcra.rs`); 0 for a window.
+    pub(super) given: u64,
     pub(super) limit: u64,
     /// What Redis had left of the limit once the lease was charged, moved
     /// by what this server settled or refunded in Redis since in the
@@ -81,10 +84,12 @@ impl Lease {
         self.decided.count();
         let remaining = self.remaining_with(available - cost);
         let store_now = self.store_now + now.saturating_sub(self.asked_at);
-        let stamp = self.spending.stamp_of_pass(self.stamp, self.units);
+        let receipt = self
+            .spending
+            .pass_receipt(self.stamp, self.given, self.units, cost);
         Some(
             Decision::allowed(self.limit, self.limit - remaining, self.reset_at, store_now)
-                .with_receipt(Receipt::of(cost, [stamp]).in_units_of(self.spending.unit_micros())),
+                .with_receipt(receipt),
         )
     }
 
@@ -154,13 +159,13 @@ impl Returning {
 
     /// The refund's receipt for `units`.
     pub(super) fn receipt(&self, units: u64) -> Receipt {
-        let stamp = match self.lease.spending {
-            Spending::Window => self.lease.stamp,
-            // GCRA's refund moves the TAT back by the units, never before
-            // now; a stamp of 0 puts no other floor under it.
-            Spending::Decaying { .. } => 0,
+        let receipt = match self.lease.spending {
+            Spending::Window => Receipt::of(units, [self.lease.stamp]),
+            // The lease's own charge: GCRA gives back what of it is still
+            // in the bucket.
+            Spending::Decaying { .. } => Receipt::of(units, [self.lease.stamp, self.lease.given]),
         };
-        Receipt::of(units, [stamp]).in_units_of(self.lease.spending.unit_micros())
+        receipt.in_units_of(self.lease.spending.unit_micros())
     }
 }
 
@@ -562,6 +567,7 @@ mod tests {
             ends_at: window_end.min(at + lifetime),
             window_ends_at: window_end,
             stamp: window_end,
+            given: 0,
             limit: 100,
             left_in_redis: 50,
             reset_at: window_end,
