@@ -15,28 +15,3 @@ local function num(arg)
   end
   return n
 end
-
--- For a strategy that keeps one number per key as a string (GCRA's TAT, with
--- what refunds gave back, lua/tat.lua; the leaky bucket's next_free):
--- `kept(key)` is the key's state in this call, its `value` (and `given`) read
--- with GET on first use; a pass sets `value` and `px`, and `write_back` then
--- SETs each moved value once, with the last pass's expiry.
-local kept_state, kept_order = {}, {}
-
-local function kept(key)
-  local s = kept_state[key]
-  if s == nil then
-    local value, given = tat_of(redis.call('GET', key))
-    s = {value = value, given = given}
-    kept_state[key] = s
-    kept_order[#kept_order + 1] = key
-  end
-  return s
-end
-
-local function write_back()
-  for _, key in ipairs(kept_order) do
-    local s = kept_state[key]
-    if s.px then redis.call('SET', key, tat_value(s.value, s.given), 'PX', int(s.px)) end
-  end
-end

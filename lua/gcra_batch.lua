@@ -11,7 +11,8 @@
 -- number conversion per decision.
 --
 -- Each decision's keys and arguments are lua/gcra.lua's.
--- `num`, `kept` and `write_back` come from lua/batch_prelude.lua.
+-- `num` comes from lua/batch_prelude.lua, `kept` and `write_back` from
+-- lua/kept.lua.
 
 -- floor(a / b) for integers below 2^53 (see lua/gcra.lua).
 local function idiv(a, b)

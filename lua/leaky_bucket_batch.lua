@@ -10,7 +10,8 @@
 -- or number conversion per decision.
 --
 -- Each decision's keys and arguments are lua/leaky_bucket.lua's.
--- `num`, `kept` and `write_back` come from lua/batch_prelude.lua.
+-- `num` comes from lua/batch_prelude.lua, `kept` and `write_back` from
+-- lua/kept.lua.
 
 -- ceil(a / b) for non-negative integers below 2^53 (see lua/leaky_bucket.lua).
 local function ceil_div(a, b)

@@ -1,5 +1,6 @@
--- tollgate: a GCRA key's value, read and written by every GCRA script (the
--- store puts this file before each, and before every batch's helpers).
+-- tollgate: a bucket's value (GCRA's TAT, the leaky bucket's next_free),
+-- read and written by both strategies' scripts: the store puts this file
+-- before each.
 -- The value is the TAT, µs since epoch, or "TAT:GIVEN" once refunds of
 -- charges with others behind them have moved it back GIVEN µs in all since
 -- the key was made: a pass's receipt carries GIVEN, so a refund knows how

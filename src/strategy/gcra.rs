@@ -129,7 +129,11 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
             include_str!("../../lua/tat.lua"),
             include_str!("../../lua/gcra.lua")
         ),
-        Some(include_str!("../../lua/gcra_batch.lua")),
+        Some(concat!(
+            include_str!("../../lua/tat.lua"),
+            include_str!("../../lua/kept.lua"),
+            include_str!("../../lua/gcra_batch.lua")
+        )),
         LuaScript::refund("gcra_refund", super::bucket::REFUND_LUA),
     )
 });

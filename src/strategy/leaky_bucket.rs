@@ -114,7 +114,11 @@ static LUA: LazyLock<Trio> = LazyLock::new(|| {
             include_str!("../../lua/tat.lua"),
             include_str!("../../lua/leaky_bucket.lua")
         ),
-        Some(include_str!("../../lua/leaky_bucket_batch.lua")),
+        Some(concat!(
+            include_str!("../../lua/tat.lua"),
+            include_str!("../../lua/kept.lua"),
+            include_str!("../../lua/leaky_bucket_batch.lua")
+        )),
         LuaScript::refund("leaky_bucket_refund", super::bucket::REFUND_LUA),
     )
 });

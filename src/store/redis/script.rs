@@ -251,14 +251,12 @@ impl LuaScript {
 
     /// `lua/batch.lua` after `decide_and_flush`, a strategy's own batch
     /// functions `decide(keys, args)` and `flush()`, which may use the
-    /// helpers of `lua/batch_prelude.lua` (and of `lua/tat.lua`, which
-    /// they use).
+    /// helpers of `lua/batch_prelude.lua`.
     pub(crate) fn batch_with(name: &'static str, decide_and_flush: &str) -> Self {
         Self::new(
             name,
             format!(
-                "{PRELUDE}{}{}\n{decide_and_flush}\n{}",
-                include_str!("../../../lua/tat.lua"),
+                "{PRELUDE}{}\n{decide_and_flush}\n{}",
                 include_str!("../../../lua/batch_prelude.lua"),
                 include_str!("../../../lua/batch.lua")
             ),
