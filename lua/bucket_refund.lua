@@ -25,7 +25,7 @@
 -- Reply: 1 if the TAT moved, else 0.
 --
 -- `int` comes from lua/prelude.lua, which the store puts first;
--- `tat_of` and `tat_value` from lua/tat.lua.
+-- `split_tat` and `tat_value` from lua/tat.lua.
 
 -- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
 -- converts it twice (strtod each time).
@@ -38,7 +38,9 @@ local units = ARGV[2] + 0
 local charged = units * (ARGV[3] + 0)
 local stamp = ARGV[4] + 0
 local given_then = tonumber(ARGV[5]) or 0
-local at, given = tat_of(redis.call('GET', KEYS[1]))
+local value = redis.call('GET', KEYS[1])
+local at, given = tonumber(value), 0
+if value and not at then at, given = split_tat(value) end
 if units < 0 then
   if stamp - charged <= now then return 0 end
   local moved = math.max(at or now, now) - charged

@@ -27,7 +27,7 @@
 --           it then decides as if charging `cost` and writes nothing
 --
 -- `int` comes from lua/prelude.lua, which the store puts first;
--- `tat_of` and `tat_value` from lua/tat.lua.
+-- `split_tat` and `tat_value` from lua/tat.lua.
 
 -- floor(a / b) for integers below 2^53: a double quotient can round up to
 -- the next integer, so correct it with exact products.
@@ -50,7 +50,9 @@ local limit = ARGV[4] + 0
 local tolerance = t * limit
 
 local start = now
-local stored, given = tat_of(redis.call('GET', KEYS[1]))
+local value = redis.call('GET', KEYS[1])
+local stored, given = tonumber(value), 0
+if value and not stored then stored, given = split_tat(value) end
 if stored and stored > now then start = stored end
 
 -- What could pass right now if the TAT were `at`, rounded down.

@@ -11,8 +11,9 @@ local kept_state, kept_order = {}, {}
 local function kept(key)
   local s = kept_state[key]
   if s == nil then
-    local value, given = tat_of(redis.call('GET', key))
-    s = {value = value, given = given}
+    local value = redis.call('GET', key)
+    s = {value = tonumber(value), given = 0}
+    if value and not s.value then s.value, s.given = split_tat(value) end
     kept_state[key] = s
     kept_order[#kept_order + 1] = key
   end

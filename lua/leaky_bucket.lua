@@ -28,7 +28,7 @@
 --          then decides as if charging `cost` and writes nothing
 --
 -- `int` comes from lua/prelude.lua, which the store puts first;
--- `tat_of` and `tat_value` from lua/tat.lua.
+-- `split_tat` and `tat_value` from lua/tat.lua.
 
 -- `ARGV[i] + 0` converts a string to a number once; Lua 5.1's tonumber
 -- converts it twice (strtod each time).
@@ -50,7 +50,9 @@ local function ceil_div(a, b)
   return q
 end
 
-local free_at, given = tat_of(redis.call('GET', KEYS[1]))
+local value = redis.call('GET', KEYS[1])
+local free_at, given = tonumber(value), 0
+if value and not free_at then free_at, given = split_tat(value) end
 if not free_at or free_at <= now then free_at = now end
 local level = free_at - now
 local full = capacity * interval
