@@ -352,7 +352,9 @@ impl Scope {
 ///
 /// `stamps` identify *which* window, slot or entry was charged (for a fixed
 /// window, the window's stored end), so a refund that arrives after the
-/// window rolled over changes nothing.
+/// window rolled over changes nothing. A bucket's (GCRA, the leaky bucket)
+/// are the TAT the charge set and how far refunds had moved the bucket back
+/// by then, so a refund gives back only what of the charge has not drained.
 ///
 /// ```
 /// use tollgate::decision::Receipt;

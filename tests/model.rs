@@ -570,6 +570,29 @@ fn sequences_that_once_broke_the_limit_hold() {
             ],
         ),
         (
+            "a lease taken under a cap, then the cap cleared, an override above it",
+            vec![
+                Limit {
+                    limit: Some(8),
+                    lasts: 0,
+                },
+                check(1),
+                check(1),
+                over(20),
+                back(0),
+                Cap {
+                    limit: Some(8),
+                    lasts: 0,
+                },
+                check(1),
+                Cap {
+                    limit: None,
+                    lasts: 0,
+                },
+                back(0),
+            ],
+        ),
+        (
             "a charge given back after one before it was: its stamp is stale",
             vec![
                 check(2),

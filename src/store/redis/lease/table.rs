@@ -55,9 +55,11 @@ pub(super) struct Lease {
 
 impl Lease {
     /// Whether a request judged by `policy` may spend this lease: it was
-    /// granted under the same quotas.
+    /// granted under the same quotas and the same cap (a cap sets a
+    /// caller's override above it aside, in Redis: with the cap gone, the
+    /// same quotas may no longer be what judges the caller).
     fn is_under(&self, policy: &Policy) -> bool {
-        self.policy.quotas() == policy.quotas()
+        self.policy.quotas() == policy.quotas() && self.policy.cap() == policy.cap()
     }
 
     /// Units still spendable at `now`.
