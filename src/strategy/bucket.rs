@@ -73,9 +73,10 @@ pub(crate) fn refund(bucket: &mut Option<Bucket>, unit: u64, now: u64, stamps: &
 /// Charges `extra` units more than the pass stamped `stamp` charged, in
 /// the pass's own units of `unit` µs, without checking the limit (a
 /// settle's overspend): the TAT moves `extra × T` past itself (or past
-/// `now`, for a full bucket). Only while that charge would not yet have drained had it come with the pass
-/// (`stamp + extra × T > now`): a settle that arrives later changes
-/// nothing, as a late refund does. Whether it moved.
+/// `now`, for a full bucket). Only while that charge would not yet have
+/// drained had it come with the pass (`stamp + extra × T > now`): a settle
+/// that arrives later changes nothing, as a late refund does. Whether it
+/// moved.
 pub(crate) fn charge(
     bucket: &mut Option<Bucket>,
     unit: u64,

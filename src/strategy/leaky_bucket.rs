@@ -3,7 +3,8 @@
 //! Mirrors `lua/leaky_bucket.lua` line for line; change them together. A
 //! give-back moves `next_free` back as GCRA's TAT (`strategy/bucket.rs`).
 //!
-//! The only state is `next_free`: the time (µs) at which the bucket will be
+//! The state is `next_free` (with what refunds gave back, kept for them):
+//! the time (µs) at which the bucket will be
 //! empty, which is also the earliest time the next request may leave. A
 //! request of cost `c` arriving at `now` leaves at `start = max(now,
 //! next_free)` and pushes `next_free` to `start + c·T`, where `T` is the
