@@ -4,10 +4,10 @@
 -- charge was stamped with (so refunding one receipt twice cannot hand out
 -- other requests' units). The charge ended at its stamp less what refunds
 -- of charges with others behind them gave back since (GIVEN now less GIVEN
--- then, lua/tat.lua): a late refund,
--- or one of a charge others' refunds moved up, gives back only what has
--- not drained. KEEPTTL leaves the expiry, which only grows too long, never
--- too short. Mirrors refund and charge in src/strategy/bucket.rs.
+-- then, lua/tat.lua): a late refund, or one of a charge others' refunds
+-- moved up, gives back only what has not drained. KEEPTTL leaves the
+-- expiry, which only grows too long, never too short. Mirrors refund and
+-- charge in src/strategy/bucket.rs.
 --
 -- Settling a pass that spent more than it was charged sends a negative
 -- count: the TAT moves extra * T past itself (past now for a full bucket),

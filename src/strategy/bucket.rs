@@ -12,7 +12,13 @@
 //!
 //! Mirrors `lua/tat.lua` and `lua/bucket_refund.lua`; change them together.
 
+#[cfg(feature = "redis")]
+use crate::decision::Receipt;
 pub(crate) use crate::store::memory::state::Bucket;
+#[cfg(feature = "redis")]
+use crate::store::redis::args::{stamps, GiveBack, ScriptNow};
+#[cfg(feature = "redis")]
+use crate::store::redis::script::LuaScript;
 
 /// Both strategies' refund script, after the helpers that read and write
 /// a bucket's value.
@@ -21,6 +27,22 @@ pub(crate) const REFUND_LUA: &str = concat!(
     include_str!("../../lua/tat.lua"),
     include_str!("../../lua/bucket_refund.lua")
 );
+
+/// `lua/bucket_refund.lua`'s call by `script` (either strategy's): now,
+/// `units` to give back (negative: to charge), the `unit` µs they were
+/// charged in, the receipt's stamps (the TAT set, `given` then).
+#[cfg(feature = "redis")]
+pub(crate) fn refund_call(
+    script: &'static LuaScript,
+    now: ScriptNow,
+    unit: u64,
+    receipt: &Receipt,
+    units: i64,
+) -> GiveBack {
+    let mut args = vec![now.arg().to_string(), units.to_string(), unit.to_string()];
+    args.extend(stamps(receipt));
+    GiveBack::Refund(script, args)
+}
 
 /// Gives back what is still in the bucket of a charge of `cost` units of
 /// `unit` µs (the T the charge was made with), whose receipt `stamps` are

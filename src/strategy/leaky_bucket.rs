@@ -31,7 +31,7 @@ use crate::store::memory::names::KeyNames;
 use crate::store::memory::shard::Shard;
 use crate::store::memory::state::State;
 #[cfg(feature = "redis")]
-use crate::store::redis::args::{int, stamps, GiveBack, ScriptNow};
+use crate::store::redis::args::{int, GiveBack, ScriptNow};
 #[cfg(feature = "redis")]
 use crate::store::redis::reply::Decided;
 #[cfg(feature = "redis")]
@@ -291,18 +291,12 @@ impl Algorithm for LeakyBucket {
     }
 }
 
-/// `lua/bucket_refund.lua`'s call: now, `units` to give back (negative:
-/// to charge), the interval they were charged in, the slot's end and the
-/// bucket's `given` then.
+/// `lua/bucket_refund.lua`'s call (`strategy/bucket.rs`), in the units the
+/// receipt was charged in.
 #[cfg(feature = "redis")]
 fn refund_call(policy: &Policy, now: ScriptNow, receipt: &Receipt, units: i64) -> GiveBack {
-    let mut args = vec![
-        now.arg().to_string(),
-        units.to_string(),
-        unit_of(receipt, &policy.quotas()[0]).to_string(),
-    ];
-    args.extend(stamps(receipt));
-    GiveBack::Refund(&LUA.refund, args)
+    let unit = unit_of(receipt, &policy.quotas()[0]);
+    super::bucket::refund_call(&LUA.refund, now, unit, receipt, units)
 }
 
 impl Policy {

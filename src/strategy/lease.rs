@@ -54,7 +54,8 @@ impl Spending {
     /// lease charged at `stamp` (for GCRA, with the bucket's `given` then):
     /// stamped with the window's end, or for GCRA with the TAT the pass
     /// would have left without the units still leased and `given`, as the
-    /// memory store stamps a pass (`strategy/gcra.rs`).
+    /// memory store stamps a pass (`strategy/bucket.rs`). With `left` 0,
+    /// the receipt of the lease's own unspent units given back.
     pub(crate) fn pass_receipt(self, stamp: u64, given: u64, left: u64, cost: u64) -> Receipt {
         let receipt = match self {
             Spending::Window => Receipt::of(cost, [stamp]),

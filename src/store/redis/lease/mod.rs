@@ -247,11 +247,9 @@ impl RedisStore {
             let spending = lease::spending(policy)
                 .expect("only leasing policies take leases")
                 .in_units_of(decision.receipt.unit_micros());
-            let (lease_stamp, lease_given) = match *decision.receipt.stamps() {
-                [stamp, given] => (stamp, given),
-                [stamp] => (stamp, 0),
-                _ => (0, 0),
-            };
+            let stamp = |i: usize| decision.receipt.stamps().get(i).copied().unwrap_or(0);
+            // A window's one stamp; GCRA's TAT and `given` (`strategy/bucket.rs`).
+            let (lease_stamp, lease_given) = (stamp(0), stamp(1));
             let lifetime = asked_at.saturating_add(table.options.lifetime);
             let window_left = decision.reset_at_micros.saturating_sub(decision.now_micros);
             let window_ends_at = match spending {

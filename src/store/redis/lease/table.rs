@@ -37,7 +37,7 @@ pub(super) struct Lease {
     /// The refund stamp of what the lease charged.
     pub(super) stamp: u64,
     /// For GCRA, the bucket's `given` when the lease was charged (its
-    /// receipt's second stamp, see `strategy/gcra.rs`); 0 for a window.
+    /// receipt's second stamp, see `strategy/bucket.rs`); 0 for a window.
     pub(super) given: u64,
     pub(super) limit: u64,
     /// What Redis had left of the limit once the lease was charged, moved
@@ -161,13 +161,11 @@ impl Returning {
 
     /// The refund's receipt for `units`.
     pub(super) fn receipt(&self, units: u64) -> Receipt {
-        let receipt = match self.lease.spending {
-            Spending::Window => Receipt::of(units, [self.lease.stamp]),
-            // The lease's own charge: GCRA gives back what of it is still
-            // in the bucket.
-            Spending::Decaying { .. } => Receipt::of(units, [self.lease.stamp, self.lease.given]),
-        };
-        receipt.in_units_of(self.lease.spending.unit_micros())
+        // The lease's own charge, with nothing leased after it.
+        let lease = &self.lease;
+        lease
+            .spending
+            .pass_receipt(lease.stamp, lease.given, 0, units)
     }
 }
 
